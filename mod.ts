@@ -1,0 +1,93 @@
+/**
+ * Transactional outbox and inbox for NATS JetStream.
+ *
+ * Write your business rows and an outbox record in one database transaction; a dispatcher later
+ * claims due records and publishes them to JetStream with `Nats-Msg-Id` dedupe, under leases and
+ * fencing, with retries and dead-lettering. On the receiving side an inbox records message ids
+ * in the handler's transaction, so each message takes effect once.
+ *
+ * @example
+ * ```ts
+ * import { MemoryInboxRepository, MemoryOutboxRepository } from "@outbox/nats";
+ *
+ * const outbox = new MemoryOutboxRepository();
+ * await outbox.enqueue({
+ *   id: "order-1-created",
+ *   kind: "event.publish",
+ *   name: "order.created",
+ *   subject: "orders.created",
+ *   payload: JSON.stringify({ orderId: 1 }),
+ *   headers: {},
+ * });
+ * const [message] = await outbox.claimDue(25, new Date());
+ * await outbox.markDispatched(message, new Date());
+ *
+ * const inbox = new MemoryInboxRepository();
+ * console.log(await inbox.record(message.id)); // true: first delivery
+ * console.log(await inbox.record(message.id)); // false: duplicate
+ * ```
+ *
+ * @module
+ */
+
+export type {
+  InboxAdmin,
+  InboxPruneOptions,
+  InboxRecordOptions,
+  InboxRepository,
+  JsonValue,
+  OutboxAdmin,
+  OutboxClaim,
+  OutboxClaimOptions,
+  OutboxDeadLetter,
+  OutboxFailure,
+  OutboxListDeadOptions,
+  OutboxMark,
+  OutboxMessage,
+  OutboxPruneOptions,
+  OutboxPruneResult,
+  OutboxRecord,
+  OutboxRecordKind,
+  OutboxRepository,
+  OutboxRuntime,
+  OutboxState,
+  OutboxStats,
+  PreparedEvent,
+  PreparedEventHeader,
+} from "./src/core/types.ts";
+export {
+  errorMessage,
+  OutboxCorruptRecordError,
+  OutboxDuplicateIdentityError,
+  type OutboxFailureKind,
+  OutboxPublishError,
+  OutboxStorageConflictError,
+  OutboxValidationError,
+} from "./src/core/errors.ts";
+export {
+  maxOutboxIdBytes,
+  maxSubjectBytes,
+  outboxRecordKinds,
+  validateOutboxRecord,
+  validateSubject,
+} from "./src/core/validate.ts";
+export { assertOutboxIdentity, sameOutboxContent } from "./src/core/identity.ts";
+export {
+  outboxHeaders,
+  outboxMessageToPreparedEvent,
+  preparedTrellisEventToOutboxRecord,
+} from "./src/core/events.ts";
+export {
+  backoffCeilingMs,
+  backoffDelayMs,
+  defaultRetryPolicy,
+  type ResolvedRetryPolicy,
+  resolveRetryPolicy,
+  type RetryPolicy,
+} from "./src/core/retry.ts";
+export { defaultLeaseMs, toIsoTimestamp } from "./src/core/time.ts";
+export { defaultPruneBatchSize } from "./src/core/limits.ts";
+export { applyMarks } from "./src/core/marks.ts";
+export { defaultInboxConsumer, resolveInboxRecordOptions } from "./src/core/inbox.ts";
+export { MemoryOutboxRepository } from "./src/stores/memory/outbox.ts";
+export { MemoryInboxRepository } from "./src/stores/memory/inbox.ts";

@@ -1,0 +1,173 @@
+/**
+ * Small named error classes. Each carries the data a caller needs to react, and `cause` when
+ * it wraps another error.
+ *
+ * @module
+ */
+
+/**
+ * A record, option or name was rejected before anything was stored.
+ *
+ * @example
+ * ```ts
+ * import { MemoryOutboxRepository, OutboxValidationError } from "@outbox/nats";
+ * try {
+ *   await new MemoryOutboxRepository().enqueue({
+ *     id: "", kind: "event.publish", name: "x", subject: "a.b", payload: "{}", headers: {},
+ *   });
+ * } catch (error) {
+ *   if (error instanceof OutboxValidationError) console.log(error.field); // "id"
+ * }
+ * ```
+ */
+export class OutboxValidationError extends Error {
+  /** The offending field, for example `id`, `subject`, `headers.X-Trace` or `tables.outbox`. */
+  readonly field: string;
+  /** Creates the error for `field` with a message that says what is wrong. */
+  constructor(field: string, message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "OutboxValidationError";
+    this.field = field;
+  }
+}
+
+/**
+ * An outbox id was reused for different immutable content.
+ *
+ * @example
+ * ```ts
+ * import { OutboxDuplicateIdentityError } from "@outbox/nats";
+ * const error = new OutboxDuplicateIdentityError("order-42");
+ * console.log(error.id, error.message);
+ * ```
+ */
+export class OutboxDuplicateIdentityError extends Error {
+  /** The reused id. */
+  readonly id: string;
+  /** Creates the error for `id`. */
+  constructor(id: string, options?: ErrorOptions) {
+    super(`Outbox message '${id}' already exists with different immutable content`, options);
+    this.name = "OutboxDuplicateIdentityError";
+    this.id = id;
+  }
+}
+
+/**
+ * Storage reported a duplicate id but the winning message could not be read back.
+ *
+ * @example
+ * ```ts
+ * import { OutboxStorageConflictError } from "@outbox/nats";
+ * const error = new OutboxStorageConflictError("order-42");
+ * console.log(error.id);
+ * ```
+ */
+export class OutboxStorageConflictError extends Error {
+  /** The conflicting id. */
+  readonly id: string;
+  /** Creates the error for `id`. */
+  constructor(id: string, options?: ErrorOptions) {
+    super(`Outbox message '${id}' conflicted but no stored row was found`, options);
+    this.name = "OutboxStorageConflictError";
+    this.id = id;
+  }
+}
+
+/**
+ * A stored message could not be decoded (corrupt row or entry, bad JSON payload, unknown kind).
+ * Stores move such messages to `dead` with this error's message as `lastError`.
+ *
+ * @example
+ * ```ts
+ * import { OutboxCorruptRecordError } from "@outbox/nats";
+ * const error = new OutboxCorruptRecordError("m-1", "headers is not a JSON object");
+ * console.log(error.id, error.reason);
+ * ```
+ */
+export class OutboxCorruptRecordError extends Error {
+  /** The id of the message, when it could be read. */
+  readonly id: string | undefined;
+  /** What is wrong with it. */
+  readonly reason: string;
+  /** Creates the error for message `id` (if known) with `reason`. */
+  constructor(id: string | undefined, reason: string, options?: ErrorOptions) {
+    super(
+      id === undefined
+        ? `Corrupt outbox record: ${reason}`
+        : `Corrupt outbox record '${id}': ${reason}`,
+      options,
+    );
+    this.name = "OutboxCorruptRecordError";
+    this.id = id;
+    this.reason = reason;
+  }
+}
+
+/**
+ * How a delivery failure should be handled:
+ *
+ * - `permanent`: retrying cannot help (payload over the server's limit, invalid subject); the
+ *   message goes `dead` at once.
+ * - `retryable`: this message failed (no stream for its subject yet, a rejected publish); it is
+ *   retried with backoff until `maxAttempts`.
+ * - `unavailable`: the broker itself is unreachable or not answering; the dispatcher pauses
+ *   (circuit breaker) instead of burning every message's attempts.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxFailureKind } from "@outbox/nats";
+ * const kind: OutboxFailureKind = "retryable";
+ * ```
+ */
+export type OutboxFailureKind = "permanent" | "retryable" | "unavailable";
+
+/**
+ * A classified delivery failure, thrown by runtimes (and by `createJetStreamRuntime`). Any other
+ * rejection counts as `retryable`.
+ *
+ * @example
+ * ```ts
+ * import { OutboxPublishError } from "@outbox/nats";
+ * throw new OutboxPublishError("permanent", "payload exceeds the server's max_payload", {
+ *   code: "max_payload",
+ * });
+ * ```
+ */
+export class OutboxPublishError extends Error {
+  /** How the dispatcher treats the failure. */
+  readonly kind: OutboxFailureKind;
+  /** A short stable code (`no_stream`, `timeout`, `max_payload`, ...), safe for metrics. */
+  readonly code: string;
+  /** Creates the error; `options.code` defaults to the kind. */
+  constructor(
+    kind: OutboxFailureKind,
+    message: string,
+    options: ErrorOptions & { code?: string } = {},
+  ) {
+    super(message, options);
+    this.name = "OutboxPublishError";
+    this.kind = kind;
+    this.code = options.code ?? kind;
+  }
+}
+
+/**
+ * Turns anything thrown into a one-line message for `lastError` and logs.
+ *
+ * @example
+ * ```ts
+ * import { errorMessage } from "@outbox/nats";
+ * console.log(errorMessage(new TypeError("boom"))); // "TypeError: boom"
+ * ```
+ */
+export function errorMessage(error: unknown): string {
+  if (error instanceof Error) {
+    const name = error.name && error.name !== "Error" ? `${error.name}: ` : "";
+    return `${name}${error.message}`;
+  }
+  try {
+    return typeof error === "string" ? error : JSON.stringify(error) ?? String(error);
+  } catch {
+    return String(error);
+  }
+}

@@ -1,0 +1,35 @@
+/**
+ * Checks for the numeric arguments stores take (claim limits, batch sizes).
+ *
+ * @module
+ */
+
+import { OutboxValidationError } from "./errors.ts";
+
+/**
+ * Default number of rows deleted per prune statement.
+ *
+ * @example
+ * ```ts
+ * import { defaultPruneBatchSize } from "@outbox/nats";
+ * console.log(defaultPruneBatchSize); // 1000
+ * ```
+ */
+export const defaultPruneBatchSize = 1000;
+
+/** Returns `limit` if it is an integer >= 0, else throws `OutboxValidationError`. */
+export function checkedLimit(limit: number, field = "limit"): number {
+  if (!Number.isSafeInteger(limit) || limit < 0) {
+    throw new OutboxValidationError(field, `${field} must be an integer >= 0, got ${limit}`);
+  }
+  return limit;
+}
+
+/** Returns `batchSize` (default {@linkcode defaultPruneBatchSize}) if it is an integer >= 1. */
+export function checkedBatchSize(batchSize: number | undefined, field = "batchSize"): number {
+  const value = batchSize ?? defaultPruneBatchSize;
+  if (!Number.isSafeInteger(value) || value < 1) {
+    throw new OutboxValidationError(field, `${field} must be an integer >= 1, got ${value}`);
+  }
+  return value;
+}

@@ -1,0 +1,50 @@
+/**
+ * Timestamps as drivers return them, normalised to ISO-8601 strings.
+ *
+ * @module
+ */
+
+/**
+ * Default claim lease: how long a claimed message is exclusive to its claimer.
+ *
+ * @example
+ * ```ts
+ * import { defaultLeaseMs } from "@outbox/nats";
+ * console.log(defaultLeaseMs); // 30000
+ * ```
+ */
+export const defaultLeaseMs = 30_000;
+
+/**
+ * Normalises a timestamp from any driver (`Date`, ISO or SQL text, epoch milliseconds as number
+ * or bigint) to `Date#toISOString()` form. Returns `undefined` for something that is not a valid
+ * time.
+ *
+ * @example
+ * ```ts
+ * import { toIsoTimestamp } from "@outbox/nats";
+ * toIsoTimestamp(new Date(0)); // "1970-01-01T00:00:00.000Z"
+ * toIsoTimestamp("2026-01-01 10:00:00+00"); // "2026-01-01T10:00:00.000Z"
+ * toIsoTimestamp(0n); // "1970-01-01T00:00:00.000Z"
+ * ```
+ */
+export function toIsoTimestamp(value: unknown): string | undefined {
+  let date: Date;
+  if (value instanceof Date) date = value;
+  else if (typeof value === "number") date = new Date(value);
+  else if (typeof value === "bigint") date = new Date(Number(value));
+  else if (typeof value === "string") {
+    if (isoPattern.test(value) && Number.isFinite(Date.parse(value))) return value;
+    date = new Date(sqlTimestamp.test(value) ? value.replace(" ", "T") : value);
+  } else return undefined;
+  const time = date.getTime();
+  return Number.isFinite(time) ? date.toISOString() : undefined;
+}
+
+const isoPattern = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
+const sqlTimestamp = /^\d{4}-\d{2}-\d{2} \d/;
+
+/** `now + ms` as a `Date`. */
+export function addMs(now: Date, ms: number): Date {
+  return new Date(now.getTime() + ms);
+}

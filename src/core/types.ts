@@ -1,0 +1,528 @@
+/**
+ * The outbox model: records, messages, states, claims, and the interfaces every store and
+ * runtime implements. This file has no runtime dependencies.
+ *
+ * @module
+ */
+
+/**
+ * What an outbox row asks the dispatcher to do.
+ *
+ * - `event.publish`: publish `payload` to `subject` on JetStream.
+ * - `job.create` / `job.submit`: hand the message to the runtime's `dispatchJobSubmission`.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxRecordKind } from "@outbox/nats";
+ * const kind: OutboxRecordKind = "event.publish";
+ * ```
+ */
+export type OutboxRecordKind = "event.publish" | "job.create" | "job.submit";
+
+/**
+ * Lifecycle state of an outbox message.
+ *
+ * `pending -> claimed -> dispatched` is the happy path. A failed attempt moves a claimed message
+ * to `failed` (due again at `nextAttemptAt`); a message whose attempts are exhausted or that can
+ * never be delivered moves to `dead` until an operator requeues it.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxState } from "@outbox/nats";
+ * const terminal: OutboxState[] = ["dispatched", "dead"];
+ * ```
+ */
+export type OutboxState = "pending" | "claimed" | "dispatched" | "failed" | "dead";
+
+/**
+ * Any value that survives `JSON.stringify` / `JSON.parse` unchanged.
+ *
+ * @example
+ * ```ts
+ * import type { JsonValue } from "@outbox/nats";
+ * const outcome: JsonValue = { kind: "accepted", jobId: "j-1" };
+ * ```
+ */
+export type JsonValue =
+  | string
+  | number
+  | boolean
+  | null
+  | JsonValue[]
+  | { [key: string]: JsonValue };
+
+/**
+ * What a caller enqueues: the immutable content of an outbox message.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxRecord } from "@outbox/nats";
+ * const record: OutboxRecord = {
+ *   id: "order-42-created",
+ *   kind: "event.publish",
+ *   name: "order.created",
+ *   subject: "orders.created",
+ *   payload: JSON.stringify({ orderId: 42 }),
+ *   headers: {},
+ * };
+ * ```
+ */
+export interface OutboxRecord {
+  /** Unique message id; also published as `Nats-Msg-Id`, so JetStream drops re-publishes. */
+  id: string;
+  /** What the dispatcher does with the message. */
+  kind: OutboxRecordKind;
+  /** Logical name (the event or job name); used in errors and telemetry. */
+  name: string;
+  /** NATS subject to publish to (a literal subject: no `*` or `>` tokens). */
+  subject: string;
+  /** Encoded payload, normally JSON text. */
+  payload: string;
+  /** NATS headers published with the message. */
+  headers: Record<string, string>;
+}
+
+/**
+ * A stored outbox message: the record plus its delivery state. Timestamps are ISO-8601 strings
+ * (`Date#toISOString()` form) whatever the store or driver returned.
+ *
+ * @example
+ * ```ts
+ * import { MemoryOutboxRepository, type OutboxMessage } from "@outbox/nats";
+ * const outbox = new MemoryOutboxRepository();
+ * const message: OutboxMessage = await outbox.enqueue({
+ *   id: "m-1", kind: "event.publish", name: "demo", subject: "demo.a", payload: "{}", headers: {},
+ * });
+ * console.log(message.state, message.createdAt); // "pending", an ISO string
+ * ```
+ */
+export interface OutboxMessage extends OutboxRecord {
+  /** Current lifecycle state. */
+  state: OutboxState;
+  /** How many times the message has been claimed since it was enqueued or last requeued. */
+  attempts: number;
+  /** When the message was enqueued. */
+  createdAt: string;
+  /** When the message last changed state. */
+  updatedAt: string;
+  /**
+   * For `claimed`: when the lease expires. For `failed`: when the next attempt is due.
+   * Absent for `pending`, `dispatched` and `dead`.
+   */
+  nextAttemptAt?: string;
+  /** The last failure, for `failed` and `dead` messages. */
+  lastError?: string;
+  /** The job outcome stored by `markDispatched` for job kinds. */
+  outcome?: JsonValue;
+}
+
+/**
+ * The fencing token of a claim: a `markDispatched` / `markFailed` / `markDead` only takes effect
+ * while the stored message is still `claimed` with the same `attempts` and the same lease expiry
+ * (`nextAttemptAt`). Every claimed `OutboxMessage` is a valid claim.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxClaim } from "@outbox/nats";
+ * const claim: OutboxClaim = { id: "m-1", attempts: 1, nextAttemptAt: "2026-01-01T00:00:30.000Z" };
+ * ```
+ */
+export interface OutboxClaim {
+  /** The message id. */
+  id: string;
+  /** `attempts` as returned by `claimDue`. */
+  attempts: number;
+  /**
+   * The lease expiry returned by `claimDue`. When given, it is part of the fence, so a claim from
+   * before a requeue can never settle the message again.
+   */
+  nextAttemptAt?: string;
+}
+
+/**
+ * Options for {@linkcode OutboxRepository.claimDue}.
+ *
+ * @example
+ * ```ts
+ * import { MemoryOutboxRepository } from "@outbox/nats";
+ * const outbox = new MemoryOutboxRepository();
+ * const claimed = await outbox.claimDue(25, new Date(), { leaseMs: 10_000 });
+ * ```
+ */
+export interface OutboxClaimOptions {
+  /**
+   * How long a claim is exclusive. When it expires, another claimer may take the message.
+   *
+   * @default {30000}
+   */
+  leaseMs?: number;
+}
+
+/**
+ * A failed attempt, recorded by {@linkcode OutboxRepository.markFailed}.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxFailure } from "@outbox/nats";
+ * const now = new Date();
+ * const failure: OutboxFailure = {
+ *   error: "timeout", now, nextAttemptAt: new Date(now.getTime() + 1_000),
+ * };
+ * ```
+ */
+export interface OutboxFailure {
+  /** Human-readable reason, stored as `lastError`. */
+  error: string;
+  /** When the message becomes due again. */
+  nextAttemptAt: Date;
+  /** The time of the failure. */
+  now: Date;
+}
+
+/**
+ * A permanent failure, recorded by {@linkcode OutboxRepository.markDead}.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxDeadLetter } from "@outbox/nats";
+ * const dead: OutboxDeadLetter = { error: "payload too large", now: new Date() };
+ * ```
+ */
+export interface OutboxDeadLetter {
+  /** Human-readable reason, stored as `lastError`. */
+  error: string;
+  /** The time of the decision. */
+  now: Date;
+}
+
+/**
+ * One settlement in a batch passed to {@linkcode OutboxRepository.markMany}.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxMark } from "@outbox/nats";
+ * const marks: OutboxMark[] = [
+ *   { claim: { id: "a", attempts: 1 }, state: "dispatched" },
+ *   { claim: { id: "b", attempts: 1 }, state: "failed", error: "timeout", nextAttemptAt: new Date() },
+ *   { claim: { id: "c", attempts: 3 }, state: "dead", error: "no stream" },
+ * ];
+ * ```
+ */
+export type OutboxMark =
+  | { claim: OutboxClaim; state: "dispatched"; outcome?: JsonValue }
+  | { claim: OutboxClaim; state: "failed"; error: string; nextAttemptAt: Date }
+  | { claim: OutboxClaim; state: "dead"; error: string };
+
+/**
+ * The storage half of the outbox, as the dispatcher sees it. Every store implements it; the
+ * conformance suite in `tests/conformance/` defines its exact semantics.
+ *
+ * @example
+ * ```ts
+ * import { MemoryOutboxRepository, type OutboxRepository } from "@outbox/nats";
+ * const outbox: OutboxRepository = new MemoryOutboxRepository();
+ * await outbox.enqueue({
+ *   id: "m-1", kind: "event.publish", name: "demo", subject: "demo.a", payload: "{}", headers: {},
+ * });
+ * const [claimed] = await outbox.claimDue(10, new Date());
+ * await outbox.markDispatched(claimed, new Date());
+ * ```
+ */
+export interface OutboxRepository {
+  /**
+   * Stores a record as a `pending` message. Enqueueing the same id again with identical content
+   * returns the stored message; different content throws `OutboxDuplicateIdentityError`.
+   * Invalid records throw `OutboxValidationError` and store nothing.
+   */
+  enqueue(record: OutboxRecord): Promise<OutboxMessage>;
+  /**
+   * Stores many records; all are validated before anything is stored. Returns the stored
+   * messages in input order (duplicates resolved as in `enqueue`).
+   */
+  enqueueMany(records: readonly OutboxRecord[]): Promise<OutboxMessage[]>;
+  /** Reads one message, or `undefined` when the id is unknown. */
+  get(id: string): Promise<OutboxMessage | undefined>;
+  /**
+   * Claims up to `limit` due messages, oldest first: `pending`, `failed` with `nextAttemptAt <=
+   * now`, and `claimed` whose lease expired. Each becomes `claimed` with `attempts + 1` and
+   * `nextAttemptAt = now + leaseMs`. Two concurrent claimers never receive the same message.
+   * A stored message that cannot be decoded is moved to `dead` with the reason and skipped.
+   */
+  claimDue(limit: number, now: Date, options?: OutboxClaimOptions): Promise<OutboxMessage[]>;
+  /** Settles a claim as dispatched (fenced); `false` when the claim was superseded. */
+  markDispatched(claim: OutboxClaim, now: Date, outcome?: JsonValue): Promise<boolean>;
+  /** Records a failed attempt (fenced); `false` when the claim was superseded. */
+  markFailed(claim: OutboxClaim, failure: OutboxFailure): Promise<boolean>;
+  /** Moves a claimed message to `dead` (fenced); `false` when the claim was superseded. */
+  markDead(claim: OutboxClaim, dead: OutboxDeadLetter): Promise<boolean>;
+  /**
+   * Settles many claims at once (one round trip where the store allows). The result has one
+   * boolean per mark, in order. Stores without it are settled one mark at a time.
+   */
+  markMany?(marks: readonly OutboxMark[], now: Date): Promise<boolean[]>;
+}
+
+/**
+ * Counts and backlog figures of an outbox, from {@linkcode OutboxAdmin.stats}.
+ *
+ * @example
+ * ```ts
+ * import { MemoryOutboxRepository } from "@outbox/nats";
+ * const stats = await new MemoryOutboxRepository().stats();
+ * console.log(stats.due, stats.dead, stats.oldestDueAgeMs);
+ * ```
+ */
+export interface OutboxStats {
+  /** Messages never attempted. */
+  pending: number;
+  /** Messages under a claim (lease not necessarily expired). */
+  claimed: number;
+  /** Messages waiting for a retry. */
+  failed: number;
+  /** Messages delivered and kept for retention. */
+  dispatched: number;
+  /** Messages that need an operator. */
+  dead: number;
+  /** Messages a claim at `now` would consider. */
+  due: number;
+  /** `createdAt` of the oldest due message. */
+  oldestDueCreatedAt?: string;
+  /** `now - oldestDueCreatedAt` in milliseconds. */
+  oldestDueAgeMs?: number;
+}
+
+/**
+ * Options for {@linkcode OutboxAdmin.prune}.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxPruneOptions } from "@outbox/nats";
+ * const day = 86_400_000;
+ * const options: OutboxPruneOptions = {
+ *   dispatchedBefore: new Date(Date.now() - 7 * day),
+ *   deadBefore: new Date(Date.now() - 30 * day),
+ * };
+ * ```
+ */
+export interface OutboxPruneOptions {
+  /** Delete `dispatched` messages last updated before this time. */
+  dispatchedBefore?: Date;
+  /** Delete `dead` messages last updated before this time. */
+  deadBefore?: Date;
+  /**
+   * Rows deleted per statement; each batch is its own short statement.
+   *
+   * @default {1000}
+   */
+  batchSize?: number;
+  /** Count what would be deleted without deleting anything. @default {false} */
+  dryRun?: boolean;
+  /** Called after every batch with the running totals. */
+  onProgress?: (progress: OutboxPruneResult) => void;
+}
+
+/**
+ * What {@linkcode OutboxAdmin.prune} deleted (or would delete, for a dry run).
+ *
+ * @example
+ * ```ts
+ * import type { OutboxPruneResult } from "@outbox/nats";
+ * const result: OutboxPruneResult = { dispatched: 120, dead: 3 };
+ * ```
+ */
+export interface OutboxPruneResult {
+  /** Dispatched messages deleted. */
+  dispatched: number;
+  /** Dead messages deleted. */
+  dead: number;
+}
+
+/**
+ * Options for {@linkcode OutboxAdmin.listDead}.
+ *
+ * @example
+ * ```ts
+ * import { MemoryOutboxRepository } from "@outbox/nats";
+ * const dead = await new MemoryOutboxRepository().listDead({ limit: 20 });
+ * ```
+ */
+export interface OutboxListDeadOptions {
+  /** Maximum number of messages returned, oldest first. @default {100} */
+  limit?: number;
+}
+
+/**
+ * Retention and administration, offered by every store next to {@linkcode OutboxRepository}.
+ *
+ * @example
+ * ```ts
+ * import { MemoryOutboxRepository } from "@outbox/nats";
+ * const outbox = new MemoryOutboxRepository();
+ * const dead = await outbox.listDead();
+ * await outbox.requeue(dead.map((message) => message.id));
+ * await outbox.prune({ dispatchedBefore: new Date(Date.now() - 86_400_000) });
+ * ```
+ */
+export interface OutboxAdmin {
+  /** Deletes old `dispatched` (and optionally `dead`) messages in bounded batches. */
+  prune(options: OutboxPruneOptions): Promise<OutboxPruneResult>;
+  /** Counts per state and the backlog at `now` (default: the current time). */
+  stats(now?: Date): Promise<OutboxStats>;
+  /** Lists `dead` messages, oldest first. */
+  listDead(options?: OutboxListDeadOptions): Promise<OutboxMessage[]>;
+  /**
+   * Moves `dead` messages back to `pending` with `attempts` reset to 0 and `lastError` kept.
+   * Ids that are unknown or not dead are ignored. Returns how many messages changed.
+   */
+  requeue(ids: readonly string[], now?: Date): Promise<number>;
+}
+
+/**
+ * Options for {@linkcode InboxRepository.record}.
+ *
+ * @example
+ * ```ts
+ * import { MemoryInboxRepository } from "@outbox/nats";
+ * const inbox = new MemoryInboxRepository();
+ * await inbox.record("msg-1", { consumer: "billing" });
+ * ```
+ */
+export interface InboxRecordOptions {
+  /** When the message was received. @default {new Date()} */
+  now?: Date;
+  /**
+   * The consumer scope: the same message id recorded by two consumers counts once for each.
+   *
+   * @default {""}
+   */
+  consumer?: string;
+}
+
+/**
+ * The receiving half: remembers processed message ids so each takes effect once.
+ *
+ * @example
+ * ```ts
+ * import { MemoryInboxRepository, type InboxRepository } from "@outbox/nats";
+ * const inbox: InboxRepository = new MemoryInboxRepository();
+ * console.log(await inbox.record("msg-1")); // true: first time
+ * console.log(await inbox.record("msg-1")); // false: duplicate
+ * ```
+ */
+export interface InboxRepository {
+  /**
+   * Records a message id; `true` only for the call that inserted it. The second argument is
+   * the receive time (as in the reference API) or an options object.
+   */
+  record(messageId: string, options?: Date | InboxRecordOptions): Promise<boolean>;
+}
+
+/**
+ * Options for {@linkcode InboxAdmin.prune}.
+ *
+ * @example
+ * ```ts
+ * import type { InboxPruneOptions } from "@outbox/nats";
+ * const options: InboxPruneOptions = { receivedBefore: new Date(Date.now() - 86_400_000) };
+ * ```
+ */
+export interface InboxPruneOptions {
+  /** Delete ids received before this time. */
+  receivedBefore: Date;
+  /** Ids deleted per statement. @default {1000} */
+  batchSize?: number;
+}
+
+/**
+ * Retention for an inbox.
+ *
+ * @example
+ * ```ts
+ * import { MemoryInboxRepository } from "@outbox/nats";
+ * const removed = await new MemoryInboxRepository().prune({ receivedBefore: new Date() });
+ * ```
+ */
+export interface InboxAdmin {
+  /** Deletes ids received before the cutoff; returns how many were deleted. */
+  prune(options: InboxPruneOptions): Promise<number>;
+}
+
+/**
+ * The header part of a prepared event: its identity and time.
+ *
+ * @example
+ * ```ts
+ * import type { PreparedEventHeader } from "@outbox/nats";
+ * const header: PreparedEventHeader = { id: "evt-1", time: new Date().toISOString() };
+ * ```
+ */
+export interface PreparedEventHeader {
+  /** Event id, published as `Nats-Msg-Id`. */
+  id: string;
+  /** Event time, ISO-8601. */
+  time: string;
+}
+
+/**
+ * An event ready to publish, as the reference framework prepares it.
+ *
+ * @example
+ * ```ts
+ * import type { PreparedEvent } from "@outbox/nats";
+ * const event: PreparedEvent = {
+ *   event: "order.created",
+ *   subject: "orders.created",
+ *   header: { id: "evt-1", time: "2026-01-01T00:00:00.000Z" },
+ *   payload: { orderId: 42 },
+ *   encodedPayload: '{"orderId":42}',
+ *   headers: {},
+ * };
+ * ```
+ */
+export interface PreparedEvent {
+  /** Event name. */
+  event: string;
+  /** Descriptor identity (`Trellis-Event-Descriptor`); optional. */
+  descriptorIdentity?: string;
+  /** Subject to publish to. */
+  subject: string;
+  /** Identity and time. */
+  header: PreparedEventHeader;
+  /** Decoded payload. */
+  payload: unknown;
+  /** Payload exactly as it is published. */
+  encodedPayload: string;
+  /** Headers published with the event. */
+  headers: Record<string, string>;
+}
+
+/**
+ * Delivers outbox messages. Promise rejection is failure; reject with `OutboxPublishError` to say
+ * whether the failure is permanent, retryable, or means the broker is unavailable.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxRuntime } from "@outbox/nats";
+ * const sent: string[] = [];
+ * const runtime: OutboxRuntime = {
+ *   publishPreparedEvent(event) {
+ *     sent.push(event.header.id);
+ *     return Promise.resolve();
+ *   },
+ * };
+ * ```
+ */
+export interface OutboxRuntime {
+  /** Publishes one event; resolves once the broker acknowledged it. */
+  publishPreparedEvent(event: PreparedEvent): Promise<void>;
+  /**
+   * Hands a `job.create` / `job.submit` message to the job system; its outcome (for example
+   * `{ kind: "accepted", jobId }`) is stored on the message.
+   */
+  dispatchJobSubmission?(message: OutboxMessage): Promise<JsonValue>;
+  /**
+   * Checks that the broker answers, without publishing anything. The dispatcher calls it while
+   * its circuit breaker is open to decide when to resume.
+   */
+  probe?(): Promise<boolean>;
+}

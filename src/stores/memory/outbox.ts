@@ -1,0 +1,318 @@
+/**
+ * An in-process outbox: for tests, local adapters and services whose outbox need not survive a
+ * restart.
+ *
+ * @module
+ */
+
+import { assertOutboxIdentity } from "../../core/identity.ts";
+import { addMs, defaultLeaseMs } from "../../core/time.ts";
+import type {
+  JsonValue,
+  OutboxAdmin,
+  OutboxClaim,
+  OutboxClaimOptions,
+  OutboxDeadLetter,
+  OutboxFailure,
+  OutboxListDeadOptions,
+  OutboxMark,
+  OutboxMessage,
+  OutboxPruneOptions,
+  OutboxPruneResult,
+  OutboxRecord,
+  OutboxRepository,
+  OutboxStats,
+} from "../../core/types.ts";
+import { validateOutboxRecord } from "../../core/validate.ts";
+import { checkedBatchSize, checkedLimit } from "../../core/limits.ts";
+
+interface Entry {
+  seq: number;
+  message: OutboxMessage;
+}
+
+/**
+ * An outbox kept in process memory, with the same semantics as the durable stores (it passes the
+ * same conformance suite). It never hands out its internal objects, and a claim only visits
+ * messages still to dispatch, so its cost does not grow with the number of dispatched messages
+ * kept.
+ *
+ * @example
+ * ```ts
+ * import { MemoryOutboxRepository } from "@outbox/nats";
+ * const outbox = new MemoryOutboxRepository();
+ * await outbox.enqueue({
+ *   id: "order-1", kind: "event.publish", name: "order.created", subject: "orders.created",
+ *   payload: JSON.stringify({ id: 1 }), headers: {},
+ * });
+ * const claimed = await outbox.claimDue(25, new Date());
+ * for (const message of claimed) await outbox.markDispatched(message, new Date());
+ * ```
+ */
+export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
+  #all = new Map<string, Entry>();
+  /** pending, claimed and failed entries, in enqueue order */
+  #active = new Map<string, Entry>();
+  #dispatched = new Map<string, Entry>();
+  #dead = new Map<string, Entry>();
+  #seq = 0;
+
+  /** Stores a record as `pending`; see {@linkcode OutboxRepository.enqueue}. */
+  enqueue(record: OutboxRecord): Promise<OutboxMessage> {
+    try {
+      return Promise.resolve(this.#enqueue(validateOutboxRecord(record), new Date()));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
+  /** Stores many records, all or nothing on validation; see {@linkcode OutboxRepository.enqueueMany}. */
+  enqueueMany(records: readonly OutboxRecord[]): Promise<OutboxMessage[]> {
+    try {
+      const valid = records.map(validateOutboxRecord);
+      // Check identities first so a conflict stores nothing.
+      const seen = new Map<string, OutboxRecord>();
+      for (const record of valid) {
+        const earlier = seen.get(record.id) ?? this.#all.get(record.id)?.message;
+        if (earlier) assertOutboxIdentity(earlier, record);
+        seen.set(record.id, record);
+      }
+      const now = new Date();
+      return Promise.resolve(valid.map((record) => this.#enqueue(record, now)));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
+  /** Reads one message (a copy). */
+  get(id: string): Promise<OutboxMessage | undefined> {
+    const entry = this.#all.get(id);
+    return Promise.resolve(entry ? copy(entry.message) : undefined);
+  }
+
+  /** Claims due messages, oldest first; see {@linkcode OutboxRepository.claimDue}. */
+  claimDue(limit: number, now: Date, options: OutboxClaimOptions = {}): Promise<OutboxMessage[]> {
+    try {
+      const max = checkedLimit(limit);
+      const nowIso = now.toISOString();
+      const leaseUntil = addMs(now, options.leaseMs ?? defaultLeaseMs).toISOString();
+      const claimed: OutboxMessage[] = [];
+      for (const entry of this.#active.values()) {
+        if (claimed.length >= max) break;
+        const message = entry.message;
+        if (message.nextAttemptAt !== undefined && message.nextAttemptAt > nowIso) continue;
+        message.state = "claimed";
+        message.attempts += 1;
+        message.updatedAt = nowIso;
+        message.nextAttemptAt = leaseUntil;
+        claimed.push(copy(message));
+      }
+      return Promise.resolve(claimed);
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
+  /** Settles a claim as dispatched; `false` when the claim was superseded. */
+  markDispatched(claim: OutboxClaim, now: Date, outcome?: JsonValue): Promise<boolean> {
+    return Promise.resolve(this.#mark({ claim, state: "dispatched", outcome }, now));
+  }
+
+  /** Records a failed attempt; `false` when the claim was superseded. */
+  markFailed(claim: OutboxClaim, failure: OutboxFailure): Promise<boolean> {
+    return Promise.resolve(
+      this.#mark({
+        claim,
+        state: "failed",
+        error: failure.error,
+        nextAttemptAt: failure.nextAttemptAt,
+      }, failure.now),
+    );
+  }
+
+  /** Moves a claim to `dead`; `false` when the claim was superseded. */
+  markDead(claim: OutboxClaim, dead: OutboxDeadLetter): Promise<boolean> {
+    return Promise.resolve(this.#mark({ claim, state: "dead", error: dead.error }, dead.now));
+  }
+
+  /** Settles many claims; one boolean per mark. */
+  markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
+    return Promise.resolve(marks.map((mark) => this.#mark(mark, now)));
+  }
+
+  /** Deletes old dispatched (and dead) messages in batches of `batchSize`. */
+  async prune(options: OutboxPruneOptions): Promise<OutboxPruneResult> {
+    const batchSize = checkedBatchSize(options.batchSize);
+    const result: OutboxPruneResult = { dispatched: 0, dead: 0 };
+    const plan: Array<[Map<string, Entry>, Date | undefined, "dispatched" | "dead"]> = [
+      [this.#dispatched, options.dispatchedBefore, "dispatched"],
+      [this.#dead, options.deadBefore, "dead"],
+    ];
+    for (const [map, before, key] of plan) {
+      if (!before) continue;
+      const cutoff = before.toISOString();
+      const ids = [...map.values()]
+        .filter((entry) => entry.message.updatedAt < cutoff)
+        .map((entry) => entry.message.id);
+      for (let start = 0; start < ids.length; start += batchSize) {
+        const batch = ids.slice(start, start + batchSize);
+        if (!options.dryRun) {
+          for (const id of batch) {
+            map.delete(id);
+            this.#all.delete(id);
+          }
+        }
+        result[key] += batch.length;
+        options.onProgress?.({ ...result });
+        await Promise.resolve();
+      }
+    }
+    return result;
+  }
+
+  /** Counts per state and the backlog at `now`. */
+  stats(now: Date = new Date()): Promise<OutboxStats> {
+    const nowIso = now.toISOString();
+    const stats: OutboxStats = {
+      pending: 0,
+      claimed: 0,
+      failed: 0,
+      dispatched: this.#dispatched.size,
+      dead: this.#dead.size,
+      due: 0,
+    };
+    for (const { message } of this.#active.values()) {
+      stats[message.state as "pending" | "claimed" | "failed"] += 1;
+      if (message.nextAttemptAt === undefined || message.nextAttemptAt <= nowIso) {
+        stats.due += 1;
+        if (
+          stats.oldestDueCreatedAt === undefined || message.createdAt < stats.oldestDueCreatedAt
+        ) {
+          stats.oldestDueCreatedAt = message.createdAt;
+        }
+      }
+    }
+    if (stats.oldestDueCreatedAt !== undefined) {
+      stats.oldestDueAgeMs = Math.max(0, now.getTime() - Date.parse(stats.oldestDueCreatedAt));
+    }
+    return Promise.resolve(stats);
+  }
+
+  /** Lists dead messages, oldest first. */
+  listDead(options: OutboxListDeadOptions = {}): Promise<OutboxMessage[]> {
+    try {
+      const limit = checkedLimit(options.limit ?? 100);
+      const entries = [...this.#dead.values()].sort((a, b) => a.seq - b.seq).slice(0, limit);
+      return Promise.resolve(entries.map((entry) => copy(entry.message)));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
+  /** Moves dead messages back to `pending` with `attempts` reset; returns how many changed. */
+  requeue(ids: readonly string[], now: Date = new Date()): Promise<number> {
+    let changed = 0;
+    for (const id of new Set(ids)) {
+      const entry = this.#dead.get(id);
+      if (!entry) continue;
+      this.#dead.delete(id);
+      const message = entry.message;
+      message.state = "pending";
+      message.attempts = 0;
+      message.updatedAt = now.toISOString();
+      delete message.nextAttemptAt;
+      this.#active.set(id, entry);
+      changed += 1;
+    }
+    if (changed > 0) {
+      // Keep enqueue order for claims: requeued messages are older than most active ones.
+      this.#active = new Map([...this.#active].sort(([, a], [, b]) => a.seq - b.seq));
+    }
+    return Promise.resolve(changed);
+  }
+
+  /**
+   * Copies of every stored message, in enqueue order (as the reference's `snapshot()`).
+   *
+   * @example
+   * ```ts
+   * import { MemoryOutboxRepository } from "@outbox/nats";
+   * const outbox = new MemoryOutboxRepository();
+   * console.log(outbox.snapshot().length); // 0
+   * ```
+   */
+  snapshot(): OutboxMessage[] {
+    return [...this.#all.values()].sort((a, b) => a.seq - b.seq).map((entry) =>
+      copy(entry.message)
+    );
+  }
+
+  #enqueue(record: OutboxRecord, now: Date): OutboxMessage {
+    const existing = this.#all.get(record.id);
+    if (existing) {
+      assertOutboxIdentity(existing.message, record);
+      return copy(existing.message);
+    }
+    const nowIso = now.toISOString();
+    const message: OutboxMessage = {
+      ...record,
+      headers: { ...record.headers },
+      state: "pending",
+      attempts: 0,
+      createdAt: nowIso,
+      updatedAt: nowIso,
+    };
+    const entry = { seq: ++this.#seq, message };
+    this.#all.set(record.id, entry);
+    this.#active.set(record.id, entry);
+    return copy(message);
+  }
+
+  #mark(mark: OutboxMark, now: Date): boolean {
+    const entry = this.#active.get(mark.claim.id);
+    const message = entry?.message;
+    if (
+      !entry || !message || message.state !== "claimed" ||
+      message.attempts !== mark.claim.attempts ||
+      (mark.claim.nextAttemptAt !== undefined &&
+        mark.claim.nextAttemptAt !== message.nextAttemptAt)
+    ) {
+      return false;
+    }
+    message.updatedAt = now.toISOString();
+    message.state = mark.state;
+    switch (mark.state) {
+      case "dispatched":
+        delete message.nextAttemptAt;
+        delete message.lastError;
+        if (mark.outcome !== undefined) message.outcome = cloneJson(mark.outcome);
+        this.#move(entry, this.#dispatched);
+        break;
+      case "failed":
+        message.nextAttemptAt = mark.nextAttemptAt.toISOString();
+        message.lastError = mark.error;
+        break;
+      case "dead":
+        delete message.nextAttemptAt;
+        message.lastError = mark.error;
+        this.#move(entry, this.#dead);
+        break;
+    }
+    return true;
+  }
+
+  #move(entry: Entry, to: Map<string, Entry>): void {
+    this.#active.delete(entry.message.id);
+    to.set(entry.message.id, entry);
+  }
+}
+
+function copy(message: OutboxMessage): OutboxMessage {
+  const out: OutboxMessage = { ...message, headers: { ...message.headers } };
+  if (message.outcome !== undefined) out.outcome = cloneJson(message.outcome);
+  return out;
+}
+
+function cloneJson(value: JsonValue): JsonValue {
+  return value === null || typeof value !== "object" ? value : structuredClone(value);
+}

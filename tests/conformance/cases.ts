@@ -1,0 +1,573 @@
+/**
+ * The conformance suite: one list of cases every outbox/inbox store must pass. It imports only
+ * types from the library and asserts with `node:assert/strict`, so the same cases run under
+ * `deno test` and under `node:test` against the built npm package.
+ *
+ * @module
+ */
+
+import assert from "node:assert/strict";
+import type {
+  InboxAdmin,
+  InboxRepository,
+  OutboxAdmin,
+  OutboxMessage,
+  OutboxRecord,
+  OutboxRepository,
+} from "../../mod.ts";
+
+/** An outbox store under test: repository plus administration. */
+export type OutboxStore = OutboxRepository & OutboxAdmin;
+/** An inbox store under test. */
+export type InboxStore = InboxRepository & InboxAdmin;
+
+/** One fresh, empty store for one case. */
+export interface ConformanceFixture {
+  outbox: OutboxStore;
+  inbox: InboxStore;
+  /** Other handles on the same storage (other connections); concurrency cases use them too. */
+  peers?: Array<{ outbox: OutboxStore; inbox: InboxStore }>;
+  /** Damages the stored message `id` behind the library's back, so it cannot be decoded. */
+  corrupt?(id: string): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** How a store opens fixtures. */
+export interface ConformanceHarness {
+  /** Store name used in test names. */
+  name: string;
+  /** Whether fixtures can damage stored data (`ConformanceFixture.corrupt`). */
+  canCorrupt: boolean;
+  open(): Promise<ConformanceFixture>;
+}
+
+/** One case. */
+export interface ConformanceCase {
+  name: string;
+  /** A capability the case needs; harnesses without it skip (ignore) the case. */
+  requires?: "corrupt";
+  run(fixture: ConformanceFixture): Promise<void>;
+}
+
+const iso = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
+let counter = 0;
+
+function record(overrides: Partial<OutboxRecord> = {}): OutboxRecord {
+  counter += 1;
+  return {
+    id: `msg-${counter}-${Math.random().toString(36).slice(2, 8)}`,
+    kind: "event.publish",
+    name: "order.created",
+    subject: "orders.created",
+    payload: JSON.stringify({ n: counter }),
+    headers: { "X-Trace": `t-${counter}` },
+    ...overrides,
+  };
+}
+
+function at(base: Date, ms: number): Date {
+  return new Date(base.getTime() + ms);
+}
+
+function ids(messages: ReadonlyArray<{ id: string }>): string[] {
+  return messages.map((message) => message.id);
+}
+
+async function enqueueAll(outbox: OutboxStore, count: number): Promise<OutboxRecord[]> {
+  const records: OutboxRecord[] = [];
+  for (let i = 0; i < count; i++) {
+    const r = record();
+    await outbox.enqueue(r);
+    records.push(r);
+  }
+  return records;
+}
+
+function handles(fixture: ConformanceFixture): Array<{ outbox: OutboxStore; inbox: InboxStore }> {
+  return [{ outbox: fixture.outbox, inbox: fixture.inbox }, ...(fixture.peers ?? [])];
+}
+
+/** Every case, in a stable order. */
+export const conformanceCases: readonly ConformanceCase[] = [
+  {
+    name: "enqueue stores a pending message with ISO timestamps",
+    async run({ outbox }) {
+      const r = record({ headers: { "X-A": "1", "X-B": "two" } });
+      const message = await outbox.enqueue(r);
+      assert.equal(message.id, r.id);
+      assert.equal(message.state, "pending");
+      assert.equal(message.attempts, 0);
+      assert.match(message.createdAt, iso);
+      assert.match(message.updatedAt, iso);
+      assert.equal(message.nextAttemptAt, undefined);
+      assert.deepEqual(message.headers, r.headers);
+      const stored = await outbox.get(r.id);
+      assert.ok(stored);
+      assert.equal(stored.payload, r.payload);
+      assert.equal(stored.subject, r.subject);
+      assert.equal(stored.kind, r.kind);
+      assert.equal(stored.name, r.name);
+      assert.deepEqual(stored.headers, r.headers);
+      assert.equal(stored.createdAt, message.createdAt);
+      assert.equal(await outbox.get("no-such-id"), undefined);
+    },
+  },
+  {
+    name: "enqueue of the same id: identical content returns the stored message, different throws",
+    async run({ outbox }) {
+      const r = record({ headers: { "X-A": "1", "X-B": "2" } });
+      const first = await outbox.enqueue(r);
+      const again = await outbox.enqueue({ ...r, headers: { "X-B": "2", "X-A": "1" } });
+      assert.equal(again.id, first.id);
+      assert.equal(again.createdAt, first.createdAt);
+      const changes: Array<Partial<OutboxRecord>> = [
+        { payload: "{}" },
+        { subject: "orders.other" },
+        { name: "other" },
+        { kind: "job.create" as const },
+        { headers: { "X-A": "1" } },
+        { headers: { "X-A": "1", "X-B": "3" } },
+      ];
+      for (const change of changes) {
+        await assert.rejects(outbox.enqueue({ ...r, ...change }), {
+          name: "OutboxDuplicateIdentityError",
+        });
+      }
+      const stored = await outbox.get(r.id);
+      assert.equal(stored?.payload, r.payload);
+    },
+  },
+  {
+    name: "invalid records are rejected with OutboxValidationError and nothing is stored",
+    async run({ outbox }) {
+      const base = record();
+      const bad: Array<[string, unknown]> = [
+        ["id", { ...base, id: "" }],
+        ["id", { ...base, id: 42 }],
+        ["id", { ...base, id: "line\nbreak" }],
+        ["id", { ...base, id: "x".repeat(3000) }],
+        ["kind", { ...base, kind: "event.unknown" }],
+        ["payload", { ...base, payload: { a: 1 } }],
+        ["payload", { ...base, payload: "nul\u0000byte" }],
+        ["subject", { ...base, subject: "" }],
+        ["subject", { ...base, subject: "orders created" }],
+        ["subject", { ...base, subject: "orders..created" }],
+        ["subject", { ...base, subject: ".orders" }],
+        ["subject", { ...base, subject: "orders.*" }],
+        ["subject", { ...base, subject: "orders.>" }],
+        ["headers.X-N", { ...base, headers: { "X-N": 1 } }],
+        ["headers.X-N", { ...base, headers: { "X-N": "a\r\nInjected: 1" } }],
+        ["headers.Bad Name", { ...base, headers: { "Bad Name": "v" } }],
+        ["headers.Nats-Msg-Id", { ...base, headers: { "Nats-Msg-Id": "other" } }],
+        ["name", { ...base, name: undefined }],
+      ];
+      for (const [field, input] of bad) {
+        await assert.rejects(
+          outbox.enqueue(input as OutboxRecord),
+          (error: Error & { field?: string }) => {
+            assert.equal(error.name, "OutboxValidationError", `${field}: ${error.message}`);
+            assert.equal(error.field, field);
+            return true;
+          },
+        );
+      }
+      assert.equal(await outbox.get(base.id), undefined);
+      const good = record();
+      await assert.rejects(outbox.enqueueMany([good, { ...record(), subject: "a.*" }]), {
+        name: "OutboxValidationError",
+      });
+      assert.equal(
+        await outbox.get(good.id),
+        undefined,
+        "a bad record stores nothing of its batch",
+      );
+      assert.deepEqual(await outbox.claimDue(10, new Date()), []);
+    },
+  },
+  {
+    name: "enqueueMany stores all records in order and resolves duplicates like enqueue",
+    async run({ outbox }) {
+      const existing = record();
+      await outbox.enqueue(existing);
+      const fresh = [record(), record(), record()];
+      const stored = await outbox.enqueueMany([...fresh, existing]);
+      assert.deepEqual(ids(stored), [...ids(fresh), existing.id]);
+      assert.ok(stored.every((message) => message.state === "pending"));
+      assert.deepEqual(await outbox.enqueueMany([]), []);
+      await assert.rejects(outbox.enqueueMany([{ ...existing, payload: "[]" }]), {
+        name: "OutboxDuplicateIdentityError",
+      });
+      const claimed = await outbox.claimDue(10, new Date());
+      assert.deepEqual(ids(claimed), [existing.id, ...ids(fresh)]);
+    },
+  },
+  {
+    name: "returned messages are copies",
+    async run({ outbox }) {
+      const r = record();
+      const message = await outbox.enqueue(r);
+      message.headers["X-Trace"] = "mutated";
+      message.state = "dead";
+      const stored = await outbox.get(r.id);
+      assert.equal(stored?.headers["X-Trace"], r.headers["X-Trace"]);
+      assert.equal(stored?.state, "pending");
+      const [claimed] = await outbox.claimDue(1, new Date());
+      claimed.attempts = 99;
+      assert.equal((await outbox.get(r.id))?.attempts, 1);
+    },
+  },
+  {
+    name: "claimDue claims oldest first, up to the limit, and sets the lease",
+    async run({ outbox }) {
+      const records = await enqueueAll(outbox, 5);
+      const now = new Date();
+      assert.deepEqual(await outbox.claimDue(0, now), []);
+      await assert.rejects(outbox.claimDue(-1, now), { name: "OutboxValidationError" });
+      const first = await outbox.claimDue(3, now, { leaseMs: 10_000 });
+      assert.deepEqual(ids(first), ids(records.slice(0, 3)));
+      for (const message of first) {
+        assert.equal(message.state, "claimed");
+        assert.equal(message.attempts, 1);
+        assert.equal(message.nextAttemptAt, at(now, 10_000).toISOString());
+        assert.equal(message.updatedAt, now.toISOString());
+        assert.equal(message.payload, records.find((r) => r.id === message.id)?.payload);
+      }
+      const second = await outbox.claimDue(10, now);
+      assert.deepEqual(ids(second), ids(records.slice(3)));
+      assert.equal(second[0].nextAttemptAt, at(now, 30_000).toISOString(), "default lease 30 s");
+      assert.deepEqual(await outbox.claimDue(10, now), [], "claimed messages are not due");
+    },
+  },
+  {
+    name: "an expired lease makes the message claimable again and fences the old claim",
+    async run({ outbox }) {
+      const [r] = await enqueueAll(outbox, 1);
+      const t0 = new Date();
+      const [first] = await outbox.claimDue(1, t0, { leaseMs: 1_000 });
+      assert.deepEqual(await outbox.claimDue(1, at(t0, 999), { leaseMs: 1_000 }), []);
+      const [second] = await outbox.claimDue(1, at(t0, 1_000), { leaseMs: 1_000 });
+      assert.equal(second.id, r.id);
+      assert.equal(second.attempts, 2);
+      assert.equal(await outbox.markDispatched(first, at(t0, 1_100)), false, "stale claim");
+      assert.equal(
+        await outbox.markFailed(first, {
+          error: "late",
+          now: at(t0, 1_100),
+          nextAttemptAt: at(t0, 1_200),
+        }),
+        false,
+      );
+      assert.equal(await outbox.markDead(first, { error: "late", now: at(t0, 1_100) }), false);
+      assert.equal((await outbox.get(r.id))?.state, "claimed");
+      assert.equal(await outbox.markDispatched(second, at(t0, 1_100)), true);
+      assert.equal(await outbox.markDispatched(second, at(t0, 1_100)), false, "settled once");
+      const stored = await outbox.get(r.id);
+      assert.equal(stored?.state, "dispatched");
+      assert.equal(stored?.nextAttemptAt, undefined);
+      assert.equal(stored?.updatedAt, at(t0, 1_100).toISOString());
+      assert.deepEqual(await outbox.claimDue(10, at(t0, 10_000_000)), [], "never claimed again");
+    },
+  },
+  {
+    name: "a failed message is due again at nextAttemptAt and keeps its error until dispatched",
+    async run({ outbox }) {
+      const [r] = await enqueueAll(outbox, 1);
+      const t0 = new Date();
+      const [claim] = await outbox.claimDue(1, t0);
+      assert.equal(
+        await outbox.markFailed(claim, {
+          error: "broker said no",
+          now: at(t0, 10),
+          nextAttemptAt: at(t0, 5_000),
+        }),
+        true,
+      );
+      const failed = await outbox.get(r.id);
+      assert.equal(failed?.state, "failed");
+      assert.equal(failed?.lastError, "broker said no");
+      assert.equal(failed?.nextAttemptAt, at(t0, 5_000).toISOString());
+      assert.equal(failed?.attempts, 1);
+      assert.deepEqual(await outbox.claimDue(1, at(t0, 4_999)), []);
+      const [again] = await outbox.claimDue(1, at(t0, 5_000));
+      assert.equal(again.id, r.id);
+      assert.equal(again.attempts, 2);
+      assert.equal(again.lastError, "broker said no");
+      assert.equal(await outbox.markDispatched(again, at(t0, 5_001)), true);
+      const done = await outbox.get(r.id);
+      assert.equal(done?.state, "dispatched");
+      assert.equal(done?.lastError, undefined);
+    },
+  },
+  {
+    name: "dead messages are never claimed, are listed, and can be requeued",
+    async run({ outbox }) {
+      const [a, b] = await enqueueAll(outbox, 2);
+      const t0 = new Date();
+      const [claimA, claimB] = await outbox.claimDue(2, t0);
+      assert.equal(await outbox.markDead(claimA, { error: "no stream", now: at(t0, 1) }), true);
+      assert.equal(await outbox.markDispatched(claimB, at(t0, 1)), true);
+      const dead = await outbox.get(a.id);
+      assert.equal(dead?.state, "dead");
+      assert.equal(dead?.lastError, "no stream");
+      assert.equal(dead?.nextAttemptAt, undefined);
+      assert.deepEqual(await outbox.claimDue(10, at(t0, 10_000_000)), []);
+      assert.deepEqual(ids(await outbox.listDead()), [a.id]);
+      assert.deepEqual(await outbox.listDead({ limit: 0 }), []);
+      assert.equal(await outbox.requeue([b.id, "unknown-id"]), 0, "only dead rows are requeued");
+      assert.equal(await outbox.requeue([a.id, a.id]), 1);
+      assert.equal(await outbox.requeue([a.id]), 0);
+      const requeued = await outbox.get(a.id);
+      assert.equal(requeued?.state, "pending");
+      assert.equal(requeued?.attempts, 0);
+      assert.deepEqual(await outbox.listDead(), []);
+      const [again] = await outbox.claimDue(10, at(t0, 2));
+      assert.equal(again.id, a.id);
+      assert.equal(again.attempts, 1);
+    },
+  },
+  {
+    name: "a claim from before a requeue cannot settle the requeued message",
+    async run({ outbox }) {
+      const [r] = await enqueueAll(outbox, 1);
+      const t0 = new Date();
+      const [stale] = await outbox.claimDue(1, t0, { leaseMs: 1_000 });
+      const [second] = await outbox.claimDue(1, at(t0, 2_000), { leaseMs: 1_000 });
+      assert.equal(await outbox.markDead(second, { error: "x", now: at(t0, 2_001) }), true);
+      assert.equal(await outbox.requeue([r.id], at(t0, 2_002)), 1);
+      const [fresh] = await outbox.claimDue(1, at(t0, 3_000), { leaseMs: 1_000 });
+      assert.equal(fresh.attempts, stale.attempts, "same attempt number as the stale claim");
+      assert.equal(await outbox.markDispatched(stale, at(t0, 3_001)), false);
+      assert.equal(await outbox.markDispatched(fresh, at(t0, 3_001)), true);
+    },
+  },
+  {
+    name: "markMany settles a mixed batch and reports superseded claims",
+    async run({ outbox }) {
+      const records = await enqueueAll(outbox, 4);
+      const t0 = new Date();
+      const claims = await outbox.claimDue(4, t0, { leaseMs: 1_000 });
+      const [reclaimed] = await outbox.claimDue(1, at(t0, 1_000));
+      assert.equal(reclaimed.id, records[0].id);
+      const now = at(t0, 1_001);
+      const marks = [
+        { claim: claims[0], state: "dispatched" as const },
+        { claim: claims[1], state: "dispatched" as const, outcome: { kind: "accepted" } },
+        {
+          claim: claims[2],
+          state: "failed" as const,
+          error: "timeout",
+          nextAttemptAt: at(t0, 9_000),
+        },
+        { claim: claims[3], state: "dead" as const, error: "too large" },
+      ];
+      const results = outbox.markMany
+        ? await outbox.markMany(marks, now)
+        : await Promise.all(marks.map((mark) =>
+          mark.state === "dispatched"
+            ? outbox.markDispatched(mark.claim, now, mark.outcome)
+            : mark.state === "failed"
+            ? outbox.markFailed(mark.claim, { ...mark, now })
+            : outbox.markDead(mark.claim, { error: mark.error, now })
+        ));
+      assert.deepEqual(results, [false, true, true, true]);
+      assert.equal((await outbox.get(records[0].id))?.state, "claimed");
+      assert.deepEqual((await outbox.get(records[1].id))?.outcome, { kind: "accepted" });
+      const failed = await outbox.get(records[2].id);
+      assert.equal(failed?.state, "failed");
+      assert.equal(failed?.nextAttemptAt, at(t0, 9_000).toISOString());
+      assert.equal((await outbox.get(records[3].id))?.state, "dead");
+      if (outbox.markMany) assert.deepEqual(await outbox.markMany([], now), []);
+    },
+  },
+  {
+    name: "job outcomes are stored with the dispatched message",
+    async run({ outbox }) {
+      const r = record({ kind: "job.submit", name: "resize", subject: "jobs.resize" });
+      await outbox.enqueue(r);
+      const [claim] = await outbox.claimDue(1, new Date());
+      const outcome = { kind: "accepted", jobId: "job-7", tags: ["a", "b"], retry: null };
+      assert.equal(await outbox.markDispatched(claim, new Date(), outcome), true);
+      assert.deepEqual((await outbox.get(r.id))?.outcome, outcome);
+    },
+  },
+  {
+    name: "concurrent claimers receive every message exactly once",
+    async run(fixture) {
+      const { outbox } = fixture;
+      const total = 60;
+      await outbox.enqueueMany(Array.from({ length: total }, () => record()));
+      const claimers = handles(fixture);
+      const seen: string[] = [];
+      const now = new Date();
+      await Promise.all(Array.from({ length: 6 }, async (_, worker) => {
+        const store = claimers[worker % claimers.length].outbox;
+        while (true) {
+          const batch = await store.claimDue(7, now);
+          if (batch.length === 0) break;
+          seen.push(...ids(batch));
+        }
+      }));
+      assert.equal(seen.length, total);
+      assert.equal(new Set(seen).size, total);
+    },
+  },
+  {
+    name: "hostile ids round-trip unchanged",
+    async run({ outbox }) {
+      const hostile = [
+        "'; DROP TABLE trellis_outbox; --",
+        'quote"double',
+        "a:b:c",
+        "with space",
+        "star*and>gt",
+        "*",
+        ">",
+        "dots.in.the.id",
+        "..",
+        "slash/and\\back",
+        "percent%2F",
+        "unicode-ünïcødé-日本語-🚀",
+        "=",
+        "_",
+        "x".repeat(1000),
+        "é".repeat(1000),
+      ];
+      for (const id of hostile) await outbox.enqueue(record({ id }));
+      for (const id of hostile) assert.equal((await outbox.get(id))?.id, id);
+      const claimed = await outbox.claimDue(100, new Date());
+      assert.deepEqual(new Set(ids(claimed)), new Set(hostile));
+      for (const message of claimed) {
+        assert.equal(await outbox.markDispatched(message, new Date()), true, message.id);
+      }
+    },
+  },
+  {
+    name: "stats counts states, due messages and the oldest due age",
+    async run({ outbox }) {
+      const empty = await outbox.stats();
+      assert.deepEqual(
+        { ...empty },
+        { pending: 0, claimed: 0, failed: 0, dispatched: 0, dead: 0, due: 0 },
+      );
+      const records = await enqueueAll(outbox, 5);
+      const t0 = new Date(Date.now() + 1_000);
+      const [a, b, c, d] = await outbox.claimDue(4, t0, { leaseMs: 10_000 });
+      await outbox.markDispatched(a, t0);
+      await outbox.markDead(b, { error: "x", now: t0 });
+      await outbox.markFailed(c, { error: "y", now: t0, nextAttemptAt: at(t0, 5_000) });
+      const stats = await outbox.stats(at(t0, 1));
+      assert.equal(stats.pending, 1);
+      assert.equal(stats.claimed, 1);
+      assert.equal(stats.failed, 1);
+      assert.equal(stats.dispatched, 1);
+      assert.equal(stats.dead, 1);
+      assert.equal(stats.due, 1, "only the pending one is due");
+      const pending = await outbox.get(records[4].id);
+      assert.equal(stats.oldestDueCreatedAt, pending?.createdAt);
+      assert.equal(stats.oldestDueAgeMs, at(t0, 1).getTime() - Date.parse(pending!.createdAt));
+      const later = await outbox.stats(at(t0, 20_000));
+      assert.equal(later.due, 3, "pending, failed-and-due and the expired claim");
+      assert.equal(later.oldestDueCreatedAt, (await outbox.get(c.id))?.createdAt);
+      void d;
+    },
+  },
+  {
+    name: "prune deletes old dispatched and dead messages in batches; dry run deletes nothing",
+    async run({ outbox }) {
+      const records = await enqueueAll(outbox, 6);
+      const t0 = new Date();
+      const claims = await outbox.claimDue(5, t0);
+      for (const claim of claims.slice(0, 3)) await outbox.markDispatched(claim, at(t0, 1));
+      await outbox.markDead(claims[3], { error: "x", now: at(t0, 1) });
+      await outbox.markDispatched(claims[4], at(t0, 5_000));
+      const progress: Array<{ dispatched: number; dead: number }> = [];
+      const dry = await outbox.prune({
+        dispatchedBefore: at(t0, 2),
+        deadBefore: at(t0, 2),
+        batchSize: 2,
+        dryRun: true,
+      });
+      assert.deepEqual({ ...dry }, { dispatched: 3, dead: 1 });
+      assert.equal((await outbox.stats()).dispatched, 4);
+      const kept = await outbox.prune({
+        dispatchedBefore: at(t0, 2),
+        batchSize: 2,
+        onProgress: (p) => progress.push({ ...p }),
+      });
+      assert.deepEqual({ ...kept }, { dispatched: 3, dead: 0 });
+      assert.ok(progress.length >= 2, "one progress report per batch");
+      assert.deepEqual(progress.at(-1), { dispatched: 3, dead: 0 });
+      for (const r of records.slice(0, 3)) assert.equal(await outbox.get(r.id), undefined);
+      assert.equal((await outbox.get(records[3].id))?.state, "dead");
+      assert.equal((await outbox.get(records[4].id))?.state, "dispatched");
+      assert.equal((await outbox.get(records[5].id))?.state, "pending");
+      const dead = await outbox.prune({ deadBefore: at(t0, 2) });
+      assert.deepEqual({ ...dead }, { dispatched: 0, dead: 1 });
+      assert.equal(await outbox.get(records[3].id), undefined);
+      await assert.rejects(outbox.prune({ dispatchedBefore: t0, batchSize: 0 }), {
+        name: "OutboxValidationError",
+      });
+    },
+  },
+  {
+    name: "a corrupt stored message goes dead without blocking its neighbours",
+    requires: "corrupt",
+    async run({ outbox, corrupt }) {
+      assert.ok(corrupt, "the harness declared canCorrupt");
+      const [a, b, c] = await enqueueAll(outbox, 3);
+      await corrupt(b.id);
+      const claimed = await outbox.claimDue(10, new Date());
+      assert.deepEqual(ids(claimed), [a.id, c.id]);
+      const stats = await outbox.stats();
+      assert.equal(stats.dead, 1);
+      const dead = await outbox.listDead();
+      assert.deepEqual(ids(dead), [b.id]);
+      assert.match(dead[0].lastError ?? "", /corrupt/i);
+    },
+  },
+  {
+    name: "inbox records an id once",
+    async run({ inbox }) {
+      assert.equal(await inbox.record("evt-1"), true);
+      assert.equal(await inbox.record("evt-1"), false);
+      assert.equal(await inbox.record("evt-1", new Date()), false);
+      assert.equal(await inbox.record("evt-2", new Date()), true);
+      assert.equal(await inbox.record("'; DROP TABLE trellis_inbox; --"), true);
+      assert.equal(await inbox.record("é".repeat(500)), true);
+      assert.equal(await inbox.record("é".repeat(500)), false);
+      await assert.rejects(inbox.record(""), { name: "OutboxValidationError" });
+    },
+  },
+  {
+    name: "inbox scopes ids by consumer",
+    async run({ inbox }) {
+      assert.equal(await inbox.record("evt-1", { consumer: "billing" }), true);
+      assert.equal(await inbox.record("evt-1", { consumer: "shipping" }), true);
+      assert.equal(await inbox.record("evt-1"), true, "the default scope is its own");
+      assert.equal(await inbox.record("evt-1", { consumer: "billing" }), false);
+      assert.equal(await inbox.record("evt-1", { consumer: "" }), false);
+    },
+  },
+  {
+    name: "concurrent inbox records of one id: exactly one wins",
+    async run(fixture) {
+      const inboxes = handles(fixture).map((handle) => handle.inbox);
+      const results = await Promise.all(
+        Array.from({ length: 12 }, (_, i) => inboxes[i % inboxes.length].record("race-1")),
+      );
+      assert.equal(results.filter(Boolean).length, 1);
+    },
+  },
+  {
+    name: "inbox prune forgets old ids",
+    async run({ inbox }) {
+      const t0 = new Date();
+      assert.equal(await inbox.record("old-1", at(t0, -10_000)), true);
+      assert.equal(await inbox.record("old-2", { now: at(t0, -10_000), consumer: "c" }), true);
+      assert.equal(await inbox.record("new-1", t0), true);
+      assert.equal(await inbox.prune({ receivedBefore: at(t0, -1), batchSize: 1 }), 2);
+      assert.equal(await inbox.record("old-1", t0), true, "forgotten, so recorded again");
+      assert.equal(await inbox.record("new-1", t0), false);
+    },
+  },
+];
