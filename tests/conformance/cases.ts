@@ -11,7 +11,6 @@ import type {
   InboxAdmin,
   InboxRepository,
   OutboxAdmin,
-  OutboxMessage,
   OutboxRecord,
   OutboxRepository,
 } from "../../mod.ts";
