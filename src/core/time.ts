@@ -17,8 +17,8 @@ export const defaultLeaseMs = 30_000;
 
 /**
  * Normalises a timestamp from any driver (`Date`, ISO or SQL text, epoch milliseconds as number
- * or bigint) to `Date#toISOString()` form. Returns `undefined` for something that is not a valid
- * time.
+ * or bigint) to `Date#toISOString()` form. SQL text without a zone (SQLite's `CURRENT_TIMESTAMP`)
+ * is UTC. Returns `undefined` for something that is not a valid time.
  *
  * @example
  * ```ts
@@ -35,14 +35,24 @@ export function toIsoTimestamp(value: unknown): string | undefined {
   else if (typeof value === "bigint") date = new Date(Number(value));
   else if (typeof value === "string") {
     if (isoPattern.test(value) && Number.isFinite(Date.parse(value))) return value;
-    date = new Date(sqlTimestamp.test(value) ? value.replace(" ", "T") : value);
+    date = new Date(sqlTimestamp.test(value) ? fromSqlText(value) : value);
   } else return undefined;
   const time = date.getTime();
   return Number.isFinite(time) ? date.toISOString() : undefined;
 }
 
 const isoPattern = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
-const sqlTimestamp = /^\d{4}-\d{2}-\d{2} \d/;
+const sqlTimestamp =
+  /^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([zZ]|[+-]\d{2}(:?\d{2})?)?$/;
+
+/** `2026-01-02 03:04:05.006+00` (Postgres text) or `2026-01-02 03:04:05` (SQLite, UTC). */
+function fromSqlText(value: string): string {
+  const text = value.replace(" ", "T");
+  if (/[zZ]$/.test(text)) return text;
+  const zone = /([+-]\d{2})(:?(\d{2}))?$/.exec(text);
+  if (!zone) return `${text}Z`;
+  return `${text.slice(0, zone.index)}${zone[1]}:${zone[3] ?? "00"}`;
+}
 
 /** `now + ms` as a `Date`. */
 export function addMs(now: Date, ms: number): Date {
