@@ -100,11 +100,12 @@ export class NatsServer implements AsyncDisposable {
     await this.#launch();
   }
 
-  /** Sends `sig` (default SIGKILL) and waits for the process to exit. */
+  /** Sends `sig` (default SIGKILL) and waits for the process to exit and its port to free. */
   async kill(sig: Deno.Signal = "SIGKILL"): Promise<void> {
     if (!this.#pid) return;
     signal(this.#pid, sig);
     await waitForExit(this.#pid);
+    await waitForPortFree(this.port);
   }
 
   /** Freezes the server (SIGSTOP): connections stay open, nothing is answered. */
