@@ -128,9 +128,10 @@ export type OutboxFailureKind = "permanent" | "retryable" | "unavailable";
  * @example
  * ```ts
  * import { OutboxPublishError } from "@outbox/nats";
- * throw new OutboxPublishError("permanent", "payload exceeds the server's max_payload", {
+ * const error = new OutboxPublishError("permanent", "payload exceeds the server's max_payload", {
  *   code: "max_payload",
  * });
+ * console.log(error.kind, error.code); // "permanent" "max_payload"
  * ```
  */
 export class OutboxPublishError extends Error {
