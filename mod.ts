@@ -91,3 +91,22 @@ export { applyMarks } from "./src/core/marks.ts";
 export { defaultInboxConsumer, resolveInboxRecordOptions } from "./src/core/inbox.ts";
 export { MemoryOutboxRepository } from "./src/stores/memory/outbox.ts";
 export { MemoryInboxRepository } from "./src/stores/memory/inbox.ts";
+export { processOnce, type ProcessOnceResult } from "./src/inbox/process_once.ts";
+export {
+  consumeWithInbox,
+  type InboxConsumer,
+  type InboxConsumerOptions,
+  type InboxConsumerStats,
+  type InboxHandlerContext,
+  type JetStreamMessageLike,
+  messageIdOf,
+  type PullConsumerLike,
+  type TransactionRunner,
+} from "./src/inbox/consume.ts";
+export {
+  checkInboxRetention,
+  InboxRetentionError,
+  type InboxRetentionOptions,
+  type RedeliveryConfig,
+  redeliveryHorizonMs,
+} from "./src/inbox/retention.ts";

@@ -415,6 +415,12 @@ export interface InboxRepository {
    * the receive time (as in the reference API) or an options object.
    */
   record(messageId: string, options?: Date | InboxRecordOptions): Promise<boolean>;
+  /**
+   * Whether the id is recorded for the consumer scope. Inboxes that cannot share the handler's
+   * transaction (memory, NATS KV) need it: the consumer integration checks before running the
+   * handler and records after it succeeded.
+   */
+  has?(messageId: string, options?: InboxRecordOptions): Promise<boolean>;
 }
 
 /**

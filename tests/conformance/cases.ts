@@ -538,6 +538,17 @@ export const conformanceCases: readonly ConformanceCase[] = [
     },
   },
   {
+    name: "inbox has() reports what record() stored, per consumer",
+    async run({ inbox }) {
+      assert.equal(typeof inbox.has, "function", "every store offers has()");
+      assert.equal(await inbox.has!("evt-h"), false);
+      assert.equal(await inbox.record("evt-h", { consumer: "a" }), true);
+      assert.equal(await inbox.has!("evt-h", { consumer: "a" }), true);
+      assert.equal(await inbox.has!("evt-h", { consumer: "b" }), false);
+      assert.equal(await inbox.has!("evt-h"), false);
+    },
+  },
+  {
     name: "inbox scopes ids by consumer",
     async run({ inbox }) {
       assert.equal(await inbox.record("evt-1", { consumer: "billing" }), true);

@@ -43,6 +43,16 @@ export class MemoryInboxRepository implements InboxRepository, InboxAdmin {
     }
   }
 
+  /** Whether `messageId` is recorded for the consumer scope. */
+  has(messageId: string, options?: InboxRecordOptions): Promise<boolean> {
+    try {
+      const { consumer } = resolveInboxRecordOptions(messageId, options);
+      return Promise.resolve(this.#seen.get(consumer)?.has(messageId) ?? false);
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
   /** Forgets ids received before `receivedBefore`; returns how many were removed. */
   async prune(options: InboxPruneOptions): Promise<number> {
     const batchSize = checkedBatchSize(options.batchSize);

@@ -1,0 +1,420 @@
+/**
+ * The JetStream side of the inbox: a pull-consumer loop that processes each message once.
+ *
+ * For every message: open a transaction (through the runner you pass), record the message id
+ * (`Nats-Msg-Id`, else `<stream>:<stream sequence>`) in the inbox, run the handler, commit, then
+ * ack. A duplicate is acked without running the handler. A handler error rolls back and naks
+ * with backoff; once the consumer's `max_deliver` is reached the message is terminated and
+ * `onPoison` is called. Long handlers send in-progress acks so JetStream does not redeliver
+ * mid-handler. `stop()` waits for the handlers in flight.
+ *
+ * Inboxes that cannot join the handler's transaction (memory, NATS KV) work without a runner:
+ * the id is checked before the handler and recorded after it succeeded. That never loses a
+ * message, but a crash between the handler's side effects and the record makes the redelivery
+ * run the handler again (at-least-once, not exactly-once).
+ *
+ * @module
+ */
+
+import { OutboxValidationError } from "../core/errors.ts";
+import { outboxHeaders } from "../core/events.ts";
+import type { InboxRepository } from "../core/types.ts";
+import {
+  checkInboxRetention,
+  type InboxRetentionOptions,
+  type RedeliveryConfig,
+} from "./retention.ts";
+
+/**
+ * What the loop needs of a JetStream message; `M` from `@nats-io/jetstream` has it, and
+ * handlers receive the full message type of the consumer you pass.
+ *
+ * @example
+ * ```ts ignore
+ * import type { M } from "@nats-io/jetstream";
+ * import type { JetStreamMessageLike } from "@outbox/nats";
+ * const accepts = (message: M): JetStreamMessageLike => message;
+ * ```
+ */
+export interface JetStreamMessageLike {
+  /** Message headers (`Nats-Msg-Id` is read from them). */
+  readonly headers?: { get(key: string): string } | undefined;
+  /** Delivery information. */
+  readonly info: {
+    readonly stream: string;
+    readonly streamSequence: number;
+    readonly deliveryCount: number;
+  };
+  /** Acknowledges processing. */
+  ack(): void;
+  /** Asks for redelivery after `millis`. */
+  nak(millis?: number): void;
+  /** Stops redelivery. */
+  term(): void;
+  /** Extends the ack deadline (in-progress ack). */
+  working(): void;
+}
+
+/**
+ * What the loop needs of a pull consumer; `Consumer` from `js.consumers.get(stream, name)` has
+ * it.
+ *
+ * @example
+ * ```ts ignore
+ * const consumer: PullConsumerLike<M> = await js.consumers.get("ORDERS", "billing");
+ * ```
+ */
+export interface PullConsumerLike<M extends JetStreamMessageLike> {
+  /** The consumer's configuration (max_deliver, ack_wait, backoff). */
+  info(): Promise<{ config: RedeliveryConfig }>;
+  /** Starts pulling messages. */
+  consume(
+    options: { max_messages: number },
+  ): Promise<AsyncIterable<M> & { close(): Promise<unknown> }>;
+}
+
+/**
+ * Runs `work` in one database transaction: commit when it resolves, roll back when it rejects.
+ *
+ * @example
+ * ```ts ignore
+ * import postgres from "postgres";
+ * import type { TransactionRunner } from "@outbox/nats";
+ * const sql = postgres("postgres://postgres@127.0.0.1:5432/test");
+ * type Tx = postgres.TransactionSql;
+ * const runInTransaction: TransactionRunner<Tx> = (work) => sql.begin((tx) => work(tx));
+ * ```
+ */
+export type TransactionRunner<Tx> = <T>(work: (tx: Tx) => Promise<T>) => Promise<T>;
+
+/**
+ * What the handler receives besides the message.
+ *
+ * @example
+ * ```ts
+ * import type { InboxHandlerContext } from "@outbox/nats";
+ * const show = (ctx: InboxHandlerContext<unknown>) => `${ctx.messageId} #${ctx.deliveryCount}`;
+ * ```
+ */
+export interface InboxHandlerContext<Tx> {
+  /** The transaction the inbox record lives in (`undefined` without a runner). */
+  tx: Tx;
+  /** The id recorded in the inbox. */
+  messageId: string;
+  /** How many times JetStream delivered the message (1 on the first delivery). */
+  deliveryCount: number;
+}
+
+/**
+ * Options for {@linkcode consumeWithInbox}.
+ *
+ * @example
+ * ```ts
+ * import {
+ *   type InboxConsumerOptions,
+ *   type JetStreamMessageLike,
+ *   MemoryInboxRepository,
+ * } from "@outbox/nats";
+ * const options: InboxConsumerOptions<JetStreamMessageLike, undefined> = {
+ *   scope: "billing",
+ *   inbox: new MemoryInboxRepository(),
+ *   handler: async (message) => console.log(message.info.streamSequence),
+ * };
+ * ```
+ */
+export interface InboxConsumerOptions<M extends JetStreamMessageLike, Tx> {
+  /** The inbox scope ids are recorded under, for example the consumer's name. */
+  scope: string;
+  /**
+   * Runs each message's work in one database transaction. With it, the inbox record and the
+   * handler's writes commit together (exactly-once); without it, see the module doc.
+   */
+  transaction?: TransactionRunner<Tx>;
+  /** The inbox, or a function giving the inbox bound to a transaction. */
+  inbox: InboxRepository | ((tx: Tx) => InboxRepository);
+  /** Applies the message. Throw to roll back and have it redelivered. */
+  handler: (message: M, context: InboxHandlerContext<Tx>) => Promise<void>;
+  /** Handlers running at once. @default {1} */
+  concurrency?: number;
+  /** Messages pulled ahead of processing. @default {concurrency * 2} */
+  prefetch?: number;
+  /** Nak delay after delivery `n` is `min(capMs, baseMs * 2 ** (n - 1))`. @default {{ baseMs: 1000, capMs: 60000 }} */
+  nakBackoff?: { baseMs?: number; capMs?: number };
+  /** In-progress ack period while a handler runs. @default {a third of the consumer's ack_wait} */
+  inProgressIntervalMs?: number;
+  /** Called after a message was terminated because it reached `max_deliver`. */
+  onPoison?: (message: M, error: unknown) => void | Promise<void>;
+  /** Called for a duplicate that was acked without running the handler. */
+  onDuplicate?: (message: M, messageId: string) => void;
+  /** Called for every handler or infrastructure error (guarded: its own throws are ignored). */
+  onError?: (error: unknown, message?: M) => void;
+  /** Retention check at start (see {@linkcode checkInboxRetention}). */
+  retention?: InboxRetentionOptions;
+  /**
+   * Wraps the processing of one message, for instrumentation (tracing spans).
+   * @default {run it as is}
+   */
+  around?: (message: M, process: () => Promise<void>) => Promise<void>;
+}
+
+/**
+ * Counts of what an {@linkcode InboxConsumer} did.
+ *
+ * @example
+ * ```ts
+ * import type { InboxConsumerStats } from "@outbox/nats";
+ * const empty: InboxConsumerStats = { processed: 0, duplicates: 0, failed: 0, poisoned: 0 };
+ * ```
+ */
+export interface InboxConsumerStats {
+  /** Messages whose handler committed and that were acked. */
+  processed: number;
+  /** Duplicates acked without running the handler. */
+  duplicates: number;
+  /** Handler failures (naked for redelivery or terminated). */
+  failed: number;
+  /** Messages terminated after `max_deliver`. */
+  poisoned: number;
+}
+
+/**
+ * A running consumer loop.
+ *
+ * @example
+ * ```ts ignore
+ * const running = await consumeWithInbox(js, options);
+ * // ...
+ * await running.stop(); // waits for the handlers in flight
+ * ```
+ */
+export interface InboxConsumer {
+  /** Stops pulling, waits for the handlers in flight, and resolves when the loop ended. */
+  stop(): Promise<void>;
+  /** Resolves when the loop ended (after `stop()`, or when the consumer went away). */
+  readonly closed: Promise<void>;
+  /** What the loop did so far. */
+  readonly stats: Readonly<InboxConsumerStats>;
+}
+
+/**
+ * Starts processing the messages of a pull consumer with the inbox. Pass the consumer from
+ * `js.consumers.get(stream, name)`; the inbox scope is usually the consumer's name.
+ *
+ * @example
+ * ```ts ignore
+ * import postgres from "postgres";
+ * import { jetstream } from "@nats-io/jetstream";
+ * import { connect } from "@nats-io/transport-node";
+ * import { consumeWithInbox, postgresJsExecutor, SqlInboxRepository } from "@outbox/nats";
+ *
+ * const sql = postgres("postgres://postgres@127.0.0.1:5432/test");
+ * const js = jetstream(await connect({ servers: "127.0.0.1:4222" }));
+ * const running = await consumeWithInbox(await js.consumers.get("ORDERS", "billing"), {
+ *   scope: "billing",
+ *   transaction: (work) => sql.begin((tx) => work(tx)),
+ *   inbox: (tx) => new SqlInboxRepository(postgresJsExecutor(tx), "postgres"),
+ *   handler: async (message, { tx }) => {
+ *     const order = message.json<{ id: number }>();
+ *     await tx`UPDATE orders SET billed = true WHERE id = ${order.id}`;
+ *   },
+ * });
+ * ```
+ */
+export async function consumeWithInbox<M extends JetStreamMessageLike, Tx = undefined>(
+  consumer: PullConsumerLike<M>,
+  options: InboxConsumerOptions<M, Tx>,
+): Promise<InboxConsumer> {
+  const concurrency = options.concurrency ?? 1;
+  if (!Number.isInteger(concurrency) || concurrency < 1) {
+    throw new OutboxValidationError("concurrency", "concurrency must be an integer >= 1");
+  }
+  if (typeof options.scope !== "string") {
+    throw new OutboxValidationError("scope", "scope (the inbox consumer scope) must be a string");
+  }
+  if (!options.transaction && typeof options.inbox === "function") {
+    throw new OutboxValidationError(
+      "inbox",
+      "an inbox bound to a transaction needs the `transaction` runner",
+    );
+  }
+  if (!options.transaction && typeof (options.inbox as InboxRepository).has !== "function") {
+    throw new OutboxValidationError(
+      "inbox",
+      "without a transaction runner the inbox must offer has() (memory and NATS KV inboxes do)",
+    );
+  }
+  const nak = {
+    baseMs: options.nakBackoff?.baseMs ?? 1_000,
+    capMs: options.nakBackoff?.capMs ?? 60_000,
+  };
+  const { config } = await consumer.info();
+  if (options.retention) {
+    checkInboxRetention(options.retention, { consumer: config, nakCapMs: nak.capMs });
+  }
+  const loop = new ConsumerLoop(config, options, concurrency, nak);
+  const messages = await consumer.consume({
+    max_messages: options.prefetch ?? concurrency * 2,
+  });
+  loop.run(messages);
+  return loop;
+}
+
+class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer {
+  readonly stats: InboxConsumerStats = { processed: 0, duplicates: 0, failed: 0, poisoned: 0 };
+  readonly closed: Promise<void>;
+  #options: InboxConsumerOptions<M, Tx>;
+  #concurrency: number;
+  #nak: { baseMs: number; capMs: number };
+  #scope: string;
+  #maxDeliver: number;
+  #heartbeatMs: number;
+  #messages: { close(): Promise<unknown> } | undefined;
+  #stopping = false;
+  #inFlight = new Set<Promise<void>>();
+  #resolveClosed!: () => void;
+
+  constructor(
+    config: RedeliveryConfig,
+    options: InboxConsumerOptions<M, Tx>,
+    concurrency: number,
+    nak: { baseMs: number; capMs: number },
+  ) {
+    this.#options = options;
+    this.#concurrency = concurrency;
+    this.#nak = nak;
+    this.#scope = options.scope;
+    this.#maxDeliver = config.max_deliver ?? -1;
+    const ackWaitMs = (config.ack_wait ?? 30_000_000_000) / 1_000_000;
+    this.#heartbeatMs = options.inProgressIntervalMs ?? Math.max(100, Math.floor(ackWaitMs / 3));
+    this.closed = new Promise((resolve) => this.#resolveClosed = resolve);
+  }
+
+  run(messages: AsyncIterable<M> & { close(): Promise<unknown> }): void {
+    this.#messages = messages;
+    void this.#loop(messages);
+  }
+
+  async stop(): Promise<void> {
+    if (!this.#stopping) {
+      this.#stopping = true;
+      await this.#messages?.close().catch(() => {});
+    }
+    await this.closed;
+  }
+
+  async #loop(messages: AsyncIterable<M>): Promise<void> {
+    try {
+      for await (const message of messages) {
+        if (this.#stopping) {
+          // Pulled but not started: hand it back at once instead of waiting for ack_wait.
+          message.nak();
+          continue;
+        }
+        while (this.#inFlight.size >= this.#concurrency) await Promise.race(this.#inFlight);
+        const task = this.#process(message).finally(() => this.#inFlight.delete(task));
+        this.#inFlight.add(task);
+      }
+    } catch (error) {
+      this.#report(error);
+    } finally {
+      await Promise.allSettled([...this.#inFlight]);
+      this.#resolveClosed();
+    }
+  }
+
+  async #process(message: M): Promise<void> {
+    const around = this.#options.around;
+    const process = () => this.#handle(message);
+    await (around ? around(message, process) : process()).catch((error) =>
+      this.#report(error, message)
+    );
+  }
+
+  async #handle(message: M): Promise<void> {
+    const messageId = messageIdOf(message);
+    const deliveryCount = message.info.deliveryCount;
+    const heartbeat = setInterval(() => message.working(), this.#heartbeatMs);
+    let duplicate = false;
+    try {
+      const options = this.#options;
+      if (options.transaction) {
+        await options.transaction(async (tx) => {
+          const inbox = typeof options.inbox === "function" ? options.inbox(tx) : options.inbox;
+          if (!(await inbox.record(messageId, { consumer: this.#scope }))) {
+            duplicate = true;
+            return;
+          }
+          await options.handler(message, { tx, messageId, deliveryCount });
+        });
+      } else {
+        const inbox = options.inbox as InboxRepository;
+        if (await inbox.has!(messageId, { consumer: this.#scope })) {
+          duplicate = true;
+        } else {
+          await options.handler(message, { tx: undefined as Tx, messageId, deliveryCount });
+          // false here means a concurrent delivery recorded it first: both ran the handler.
+          await inbox.record(messageId, { consumer: this.#scope });
+        }
+      }
+    } catch (error) {
+      clearInterval(heartbeat);
+      await this.#fail(message, error, deliveryCount);
+      return;
+    }
+    clearInterval(heartbeat);
+    message.ack();
+    if (duplicate) {
+      this.stats.duplicates += 1;
+      guard(() => this.#options.onDuplicate?.(message, messageId));
+    } else {
+      this.stats.processed += 1;
+    }
+  }
+
+  async #fail(message: M, error: unknown, deliveryCount: number): Promise<void> {
+    this.stats.failed += 1;
+    this.#report(error, message);
+    if (this.#maxDeliver > 0 && deliveryCount >= this.#maxDeliver) {
+      // No reason argument: servers before 2.10.4 ignore a "+TERM <reason>" ack entirely.
+      message.term();
+      this.stats.poisoned += 1;
+      try {
+        await this.#options.onPoison?.(message, error);
+      } catch (hookError) {
+        this.#report(hookError, message);
+      }
+      return;
+    }
+    const exponent = Math.min(Math.max(deliveryCount - 1, 0), 30);
+    message.nak(Math.min(this.#nak.capMs, this.#nak.baseMs * 2 ** exponent));
+  }
+
+  #report(error: unknown, message?: M): void {
+    guard(() => this.#options.onError?.(error, message));
+  }
+}
+
+function guard(fn: () => void): void {
+  try {
+    fn();
+  } catch {
+    // Hooks must not break the loop.
+  }
+}
+
+/**
+ * The id a JetStream message is recorded under: its `Nats-Msg-Id` header (any case), else
+ * `<stream>:<stream sequence>`, which is unique per stream.
+ *
+ * @example
+ * ```ts ignore
+ * import { messageIdOf } from "@outbox/nats";
+ * const id = messageIdOf(message); // a JsMsg
+ * ```
+ */
+export function messageIdOf(message: JetStreamMessageLike): string {
+  const headers = message.headers;
+  const id = headers?.get(outboxHeaders.messageId) ||
+    headers?.get(outboxHeaders.messageId.toLowerCase());
+  return id || `${message.info.stream}:${message.info.streamSequence}`;
+}
