@@ -134,6 +134,7 @@ export {
   createJetStreamRuntime,
   defaultPublishTimeoutMs,
   type JetStreamOutboxRuntime,
+  type JetStreamPublisher,
   type JetStreamRuntimeOptions,
 } from "./src/runtime/jetstream.ts";
 export { classifyJetStreamError } from "./src/runtime/jetstream_errors.ts";

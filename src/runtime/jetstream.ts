@@ -4,7 +4,6 @@
  * @module
  */
 
-import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import { headers as natsHeaders } from "@nats-io/nats-core";
 import { outboxHeaders } from "../core/events.ts";
 import type {
@@ -27,6 +26,31 @@ import { classifyJetStreamError } from "./jetstream_errors.ts";
  * ```
  */
 export const defaultPublishTimeoutMs = 5_000;
+
+/**
+ * The part of a nats.js JetStream client (`JetStreamClient` from `@nats-io/jetstream`, v3) the
+ * runtime uses. Pass the client itself; this type only keeps our API independent of nats.js's.
+ *
+ * @example
+ * ```ts
+ * import { connect } from "@nats-io/transport-node";
+ * import { jetstream } from "@nats-io/jetstream";
+ * import type { JetStreamPublisher } from "@outbox/nats";
+ * const nc = await connect({ servers: "nats://127.0.0.1:4222" });
+ * const js: JetStreamPublisher = jetstream(nc);
+ * await nc.close();
+ * ```
+ */
+export interface JetStreamPublisher {
+  /** Publishes and resolves with the PubAck. */
+  publish(
+    subject: string,
+    payload?: string | Uint8Array,
+    options?: { msgID?: string; timeout?: number; headers?: unknown },
+  ): Promise<{ stream: string; seq: number; duplicate: boolean }>;
+  /** A JetStream manager; `checkAPI: false` sends no request. */
+  jetstreamManager(checkAPI?: boolean): Promise<{ getAccountInfo(): Promise<unknown> }>;
+}
 
 /**
  * Options for {@linkcode createJetStreamRuntime}.
@@ -120,7 +144,7 @@ export interface JetStreamOutboxRuntime extends OutboxRuntime {
  * ```
  */
 export function createJetStreamRuntime(
-  js: JetStreamClient,
+  js: JetStreamPublisher,
   options: JetStreamRuntimeOptions = {},
 ): JetStreamOutboxRuntime {
   const timeoutMs = options.timeoutMs ?? defaultPublishTimeoutMs;
@@ -128,7 +152,7 @@ export function createJetStreamRuntime(
     throw new RangeError(`timeoutMs must be a number >= 1, got ${timeoutMs}`);
   }
   const onPublished = options.onPublished;
-  let manager: Promise<JetStreamManager> | undefined;
+  let manager: Promise<{ getAccountInfo(): Promise<unknown> }> | undefined;
 
   const runtime: JetStreamOutboxRuntime = {
     async publishPreparedEvent(event, delivery) {
