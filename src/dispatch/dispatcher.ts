@@ -349,7 +349,7 @@ export class OutboxDispatcher implements AsyncDisposable {
       }
       for (const waiter of this.#idleWaiters.splice(0)) waiter.resolve();
       this.#stopping = (async () => {
-        await this.#drain;
+        while (this.#drain) await this.#drain;
         while (this.#abandoned.size > 0) await Promise.all([...this.#abandoned]);
       })();
     }
@@ -364,7 +364,10 @@ export class OutboxDispatcher implements AsyncDisposable {
   #start(): void {
     if (this.#stopped || this.#drain) return;
     this.#clearPoll();
-    this.#drain = this.#loop()
+    // Start the loop a microtask later, so `#drain` is set before any of its code (and any hook
+    // it calls, which may call stop()) runs.
+    this.#drain = Promise.resolve()
+      .then(() => this.#loop())
       .catch((error) => this.#report(error))
       .finally(() => {
         this.#drain = undefined;
