@@ -237,6 +237,15 @@ Deno.test("createJetStreamRuntime: nats.js errors are classified by type", async
     assert.equal(noStream.kind, "retryable");
     assert.equal(noStream.code, "no_stream");
 
+    await using small = await createTestStream(nc, { max_msg_size: 100 });
+    const tooBig = await runtime.publishPreparedEvent({
+      ...preparedEvent(`${small.prefix}.a`),
+      encodedPayload: JSON.stringify("x".repeat(500)),
+    }).then(() => undefined, (error) => error);
+    assert.ok(tooBig instanceof OutboxPublishError);
+    assert.equal(tooBig.kind, "permanent");
+    assert.equal(tooBig.code, "max_msg_size");
+
     const badSubject = await runtime.publishPreparedEvent(preparedEvent("has space"))
       .then(() => undefined, (error) => error);
     assert.ok(badSubject instanceof OutboxPublishError);

@@ -71,19 +71,23 @@ Deno.test("dispatcher: notify() calls coalesce; a notify during a drain causes o
     await outbox.enqueueMany(first);
     const counter = dispatchedCounter(9);
     let injected = false;
-    let dispatcher!: OutboxDispatcher;
+    const late: { dispatcher?: OutboxDispatcher } = {};
     outbox.onClaim = () => {
       if (injected) return;
       injected = true;
       // New rows commit while the first claim is running.
       void outbox.enqueueMany(second).then(() => {
-        for (let i = 0; i < 50; i++) dispatcher.notify();
+        for (let i = 0; i < 50; i++) late.dispatcher?.notify();
       });
     };
-    dispatcher = new OutboxDispatcher(outbox, createJetStreamRuntime(jetstream(nc)), {
-      idleRetryMs: false,
-      onDispatched: counter.onDispatched,
-    });
+    const dispatcher = late.dispatcher = new OutboxDispatcher(
+      outbox,
+      createJetStreamRuntime(jetstream(nc)),
+      {
+        idleRetryMs: false,
+        onDispatched: counter.onDispatched,
+      },
+    );
     for (let i = 0; i < 100; i++) dispatcher.notify();
     await counter.done;
     await dispatcher.stop();
@@ -175,15 +179,19 @@ Deno.test("dispatcher: stop() waits for the claimed batch, then cancels all futu
     await using stream = await createTestStream(nc);
     const outbox = new InstrumentedOutbox();
     await outbox.enqueueMany(events(stream.prefix, 40));
-    let dispatcher!: OutboxDispatcher;
+    const late: { dispatcher?: OutboxDispatcher } = {};
     let stopping: Promise<void> | undefined;
     outbox.onClaim = () => {
-      stopping ??= dispatcher.stop();
+      stopping ??= late.dispatcher?.stop();
     };
-    dispatcher = new OutboxDispatcher(outbox, createJetStreamRuntime(jetstream(nc)), {
-      limit: 10,
-      idleRetryMs: 10,
-    });
+    const dispatcher = late.dispatcher = new OutboxDispatcher(
+      outbox,
+      createJetStreamRuntime(jetstream(nc)),
+      {
+        limit: 10,
+        idleRetryMs: 10,
+      },
+    );
     await sleep(0);
     await dispatcher.stop();
     assert.ok(stopping, "stop was called during the first claim");

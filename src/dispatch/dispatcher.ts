@@ -232,7 +232,9 @@ export class OutboxDispatcher implements AsyncDisposable {
         onDispatched: options.onDispatched,
         onDead: options.onDead,
         onFailed: (message, info) => {
-          if (info.error.kind !== "unavailable") this.#noteRetry(info.nextAttemptAt);
+          // Failures while the breaker is open are handled by probing; the loop is still
+          // running then, so tracking them too is harmless and keeps the rule simple.
+          this.#noteRetry(info.nextAttemptAt);
           options.onFailed?.(message, info);
         },
       },
