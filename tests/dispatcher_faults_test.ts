@@ -71,8 +71,14 @@ Deno.test("faults: broker killed (-9) mid-run and restarted: dispatcher pauses, 
       assert.notEqual(dispatcher.state, "closed", "still paused while the broker is down");
       const settledWhileDown = outbox.all().filter((m) => m.state === "dispatched").length;
       assert.ok(settledWhileDown < total, "the outage happened mid-run");
+      const claimsWhileDown = outbox.claimCalls;
       await server.restart();
       await resumed.promise;
+      assert.equal(
+        outbox.claimLimits[claimsWhileDown],
+        1,
+        "no claim while paused; the first one after a successful probe is a one-message trial",
+      );
       await dispatcher.whenIdle();
     } finally {
       await dispatcher.stop();

@@ -74,6 +74,8 @@ export function duplicatesOf(ids: string[]): string[] {
 export class InstrumentedOutbox implements OutboxRepository {
   readonly store = new MemoryOutboxRepository();
   claimCalls = 0;
+  /** The `limit` of every claim, in order. */
+  claimLimits: number[] = [];
   markManyCalls = 0;
   claimsInFlight = 0;
   maxClaimsInFlight = 0;
@@ -97,6 +99,7 @@ export class InstrumentedOutbox implements OutboxRepository {
     options?: OutboxClaimOptions,
   ): Promise<OutboxMessage[]> {
     this.claimCalls += 1;
+    this.claimLimits.push(limit);
     this.claimsInFlight += 1;
     this.maxClaimsInFlight = Math.max(this.maxClaimsInFlight, this.claimsInFlight);
     this.onClaim?.();
