@@ -107,8 +107,10 @@ export interface DeadInfo {
 
 /**
  * Callbacks for logs and metrics, called once per message after its outcome was recorded (never
- * for a claim that was superseded meanwhile). Exceptions they throw are reported to `onError`
- * where there is one, and never change an outcome.
+ * for a claim that was superseded meanwhile). `message` is the message as claimed (state
+ * `claimed`, `attempts` counting this attempt); the outcome is in the callback's name and `info`.
+ * Exceptions they throw are reported to `onError` where there is one, and never change an
+ * outcome.
  *
  * @example
  * ```ts
