@@ -40,12 +40,14 @@ export type {
   OutboxClaim,
   OutboxClaimOptions,
   OutboxDeadLetter,
+  OutboxDeliveryOptions,
   OutboxFailure,
   OutboxListDeadOptions,
   OutboxMark,
   OutboxMessage,
   OutboxPruneOptions,
   OutboxPruneResult,
+  OutboxPublishReceipt,
   OutboxRecord,
   OutboxRecordKind,
   OutboxRepository,
@@ -110,3 +112,29 @@ export {
   type RedeliveryConfig,
   redeliveryHorizonMs,
 } from "./src/inbox/retention.ts";
+export {
+  type DeadInfo,
+  defaultDispatchLimit,
+  defaultMaxInFlight,
+  type DispatchedInfo,
+  dispatchOutbox,
+  type DispatchOutboxOptions,
+  type DispatchOutboxResult,
+  type FailedInfo,
+  type OutboxDispatchHooks,
+} from "./src/dispatch/dispatch_outbox.ts";
+export {
+  OutboxDispatcher,
+  type OutboxDispatcherOptions,
+  type PausedInfo,
+  type ResumedInfo,
+} from "./src/dispatch/dispatcher.ts";
+export type { CircuitState } from "./src/dispatch/circuit_breaker.ts";
+export {
+  createJetStreamRuntime,
+  defaultPublishTimeoutMs,
+  type JetStreamOutboxRuntime,
+  type JetStreamPublisher,
+  type JetStreamRuntimeOptions,
+} from "./src/runtime/jetstream.ts";
+export { classifyJetStreamError } from "./src/runtime/jetstream_errors.ts";

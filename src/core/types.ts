@@ -503,6 +503,41 @@ export interface PreparedEvent {
 }
 
 /**
+ * What the dispatcher tells a runtime about one delivery.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxDeliveryOptions } from "@outbox/nats";
+ * const options: OutboxDeliveryOptions = { timeoutMs: 4_000 };
+ * ```
+ */
+export interface OutboxDeliveryOptions {
+  /**
+   * How long the delivery may take before the claim's lease is at risk. A runtime should give up
+   * (reject) within this time; the dispatcher stops waiting after it either way.
+   */
+  timeoutMs?: number;
+}
+
+/**
+ * What a runtime may report about a successful publish.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxPublishReceipt } from "@outbox/nats";
+ * const receipt: OutboxPublishReceipt = { stream: "ORDERS", seq: 42, duplicate: false };
+ * ```
+ */
+export interface OutboxPublishReceipt {
+  /** `true` when the broker had already stored this message id (a re-publish). */
+  duplicate?: boolean;
+  /** The stream that stored the message. */
+  stream?: string;
+  /** Its sequence number in that stream. */
+  seq?: number;
+}
+
+/**
  * Delivers outbox messages. Promise rejection is failure; reject with `OutboxPublishError` to say
  * whether the failure is permanent, retryable, or means the broker is unavailable.
  *
@@ -519,13 +554,22 @@ export interface PreparedEvent {
  * ```
  */
 export interface OutboxRuntime {
-  /** Publishes one event; resolves once the broker acknowledged it. */
-  publishPreparedEvent(event: PreparedEvent): Promise<void>;
+  /**
+   * Publishes one event; resolves once the broker acknowledged it, optionally with a receipt.
+   * `options.timeoutMs` is the time left before the claim's lease is at risk.
+   */
+  publishPreparedEvent(
+    event: PreparedEvent,
+    options?: OutboxDeliveryOptions,
+  ): Promise<void | OutboxPublishReceipt>;
   /**
    * Hands a `job.create` / `job.submit` message to the job system; its outcome (for example
    * `{ kind: "accepted", jobId }`) is stored on the message.
    */
-  dispatchJobSubmission?(message: OutboxMessage): Promise<JsonValue>;
+  dispatchJobSubmission?(
+    message: OutboxMessage,
+    options?: OutboxDeliveryOptions,
+  ): Promise<JsonValue>;
   /**
    * Checks that the broker answers, without publishing anything. The dispatcher calls it while
    * its circuit breaker is open to decide when to resume.

@@ -1,0 +1,618 @@
+/**
+ * One dispatch batch: claim due messages, deliver them concurrently within an in-flight window,
+ * and record every outcome with one batched mark.
+ *
+ * @module
+ */
+
+import {
+  errorMessage,
+  OutboxCorruptRecordError,
+  OutboxPublishError,
+  OutboxValidationError,
+} from "../core/errors.ts";
+import { outboxMessageToPreparedEvent } from "../core/events.ts";
+import { applyMarks } from "../core/marks.ts";
+import {
+  backoffDelayMs,
+  type ResolvedRetryPolicy,
+  resolveRetryPolicy,
+  type RetryPolicy,
+} from "../core/retry.ts";
+import { addMs, defaultLeaseMs } from "../core/time.ts";
+import type {
+  JsonValue,
+  OutboxMark,
+  OutboxMessage,
+  OutboxPublishReceipt,
+  OutboxRepository,
+  OutboxRuntime,
+} from "../core/types.ts";
+import { InFlightWindow } from "./window.ts";
+
+/**
+ * Default number of messages claimed per batch.
+ *
+ * @example
+ * ```ts
+ * import { defaultDispatchLimit } from "@outbox/nats";
+ * console.log(defaultDispatchLimit); // 100
+ * ```
+ */
+export const defaultDispatchLimit = 100;
+
+/**
+ * Default in-flight window: deliveries awaiting their acknowledgement at once.
+ *
+ * @example
+ * ```ts
+ * import { defaultMaxInFlight } from "@outbox/nats";
+ * console.log(defaultMaxInFlight); // 100
+ * ```
+ */
+export const defaultMaxInFlight = 100;
+
+/**
+ * What {@linkcode OutboxDispatchHooks.onDispatched} learns about a delivered message.
+ *
+ * @example
+ * ```ts
+ * import type { DispatchedInfo } from "@outbox/nats";
+ * const info: DispatchedInfo = { duplicate: true, receipt: { stream: "ORDERS", seq: 7, duplicate: true } };
+ * ```
+ */
+export interface DispatchedInfo {
+  /** The broker already had this message id (a re-publish absorbed by the duplicate window). */
+  duplicate: boolean;
+  /** The runtime's receipt (for JetStream: the PubAck's stream and sequence). */
+  receipt?: OutboxPublishReceipt;
+  /** The job outcome stored on the message, for job kinds. */
+  outcome?: JsonValue;
+}
+
+/**
+ * What {@linkcode OutboxDispatchHooks.onFailed} learns about a failed attempt.
+ *
+ * @example
+ * ```ts
+ * import { OutboxPublishError, type FailedInfo } from "@outbox/nats";
+ * const error = new OutboxPublishError("retryable", "no stream", { code: "no_stream" });
+ * const info: FailedInfo = { error, lastError: "no_stream: no stream", nextAttemptAt: new Date() };
+ * ```
+ */
+export interface FailedInfo {
+  /** The classified failure (`retryable` or `unavailable`). */
+  error: OutboxPublishError;
+  /** What was stored as `lastError`. */
+  lastError: string;
+  /** When the message is due again. */
+  nextAttemptAt: Date;
+}
+
+/**
+ * What {@linkcode OutboxDispatchHooks.onDead} learns about a message moved to `dead`.
+ *
+ * @example
+ * ```ts
+ * import type { DeadInfo } from "@outbox/nats";
+ * const info: DeadInfo = { error: new Error("boom"), lastError: "boom" };
+ * ```
+ */
+export interface DeadInfo {
+  /** Why: an `OutboxPublishError`, or an `OutboxCorruptRecordError` for an undecodable message. */
+  error: Error;
+  /** What was stored as `lastError`. */
+  lastError: string;
+}
+
+/**
+ * Callbacks for logs and metrics, called once per message after its outcome was recorded (never
+ * for a claim that was superseded meanwhile). `message` is the message as claimed (state
+ * `claimed`, `attempts` counting this attempt); the outcome is in the callback's name and `info`.
+ * Exceptions they throw are reported to `onError` where there is one, and never change an
+ * outcome.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxDispatchHooks } from "@outbox/nats";
+ * const hooks: OutboxDispatchHooks = {
+ *   onDispatched: (message, info) => console.log("sent", message.id, info.duplicate),
+ *   onFailed: (message, info) => console.warn("retry", message.id, info.lastError),
+ *   onDead: (message, info) => console.error("dead", message.id, info.lastError),
+ * };
+ * ```
+ */
+export interface OutboxDispatchHooks {
+  /** A message was delivered (or was already in the stream: `info.duplicate`). */
+  onDispatched?: (message: OutboxMessage, info: DispatchedInfo) => void;
+  /** An attempt failed; the message is due again at `info.nextAttemptAt`. */
+  onFailed?: (message: OutboxMessage, info: FailedInfo) => void;
+  /** A message went `dead` and needs an operator (`listDead` / `requeue`). */
+  onDead?: (message: OutboxMessage, info: DeadInfo) => void;
+}
+
+/**
+ * Options for {@linkcode dispatchOutbox}.
+ *
+ * @example
+ * ```ts
+ * import type { DispatchOutboxOptions } from "@outbox/nats";
+ * const options: DispatchOutboxOptions = {
+ *   limit: 200,
+ *   maxInFlight: 64,
+ *   leaseMs: 30_000,
+ *   retry: { baseMs: 500, capMs: 60_000, maxAttempts: 8 },
+ * };
+ * ```
+ */
+export interface DispatchOutboxOptions extends OutboxDispatchHooks {
+  /** Messages claimed in the batch. @default {100} */
+  limit?: number;
+  /** Deliveries awaiting acknowledgement at once. @default {100} */
+  maxInFlight?: number;
+  /**
+   * The claim lease. Every delivery of the batch must finish before
+   * `leaseMs - min(leaseMs / 5, 5000)` has passed since the claim; later ones are abandoned
+   * as `unavailable` (see the README, "Leases").
+   *
+   * @default {30000}
+   */
+  leaseMs?: number;
+  /** Backoff and attempt budget for retryable failures. @default {defaultRetryPolicy} */
+  retry?: RetryPolicy;
+  /**
+   * The reference's fixed retry delay; now the backoff base (`retry.baseMs`) when that is not
+   * given.
+   *
+   * @deprecated Use `retry.baseMs`.
+   */
+  retryDelayMs?: number;
+  /** The time used for the claim and the marks (tests). @default {new Date()} */
+  now?: Date;
+  /** Receives exceptions thrown by hooks. */
+  onError?: (error: unknown) => void;
+}
+
+/**
+ * The outcome of one batch.
+ *
+ * @example
+ * ```ts
+ * import type { DispatchOutboxResult } from "@outbox/nats";
+ * const result: DispatchOutboxResult = {
+ *   claimed: 3, dispatched: 2, duplicates: 0, failed: 1, unavailable: 0, dead: 0, superseded: 0,
+ * };
+ * ```
+ */
+export interface DispatchOutboxResult {
+  /** Messages the batch claimed. */
+  claimed: number;
+  /** Messages recorded as `dispatched` (duplicates included). */
+  dispatched: number;
+  /** Of `dispatched`: the broker already had them (PubAck `duplicate: true`). */
+  duplicates: number;
+  /** Messages recorded as `failed` (due again later). */
+  failed: number;
+  /** Of `failed`: failed or not attempted because the broker was unavailable. */
+  unavailable: number;
+  /** Messages recorded as `dead`. */
+  dead: number;
+  /** Outcomes not recorded because another claimer had taken the message over (fencing). */
+  superseded: number;
+}
+
+/**
+ * Claims one batch of due messages and dispatches it.
+ *
+ * - `event.publish` messages are published through `runtime.publishPreparedEvent`, job kinds
+ *   go to `runtime.dispatchJobSubmission` (its result is stored as `outcome`); up to
+ *   `maxInFlight` at once.
+ * - Outcomes are recorded with one `markMany` call (one mark at a time on stores without it).
+ * - Per-message isolation: an undecodable message (payload not JSON), a job without a
+ *   `dispatchJobSubmission` handler, or a `permanent` failure goes `dead` with a clear
+ *   `lastError`; its neighbours are dispatched as usual.
+ * - A `retryable` failure is retried after a full-jitter backoff (`retry`); at `maxAttempts` the
+ *   message goes `dead`.
+ * - An `unavailable` failure (broker unreachable, no PubAck in time) is recorded as `failed`,
+ *   due at once, and never makes a message `dead`; the batch then starts no further deliveries
+ *   (they are recorded the same way without being attempted).
+ *
+ * Use {@linkcode OutboxDispatcher} to run batches continuously, with pipelining and a circuit
+ * breaker.
+ *
+ * @example
+ * ```ts
+ * import { connect } from "@nats-io/transport-node";
+ * import { jetstream } from "@nats-io/jetstream";
+ * import { createJetStreamRuntime, dispatchOutbox, MemoryOutboxRepository } from "@outbox/nats";
+ *
+ * const nc = await connect({ servers: "nats://127.0.0.1:4222" });
+ * const outbox = new MemoryOutboxRepository();
+ * const result = await dispatchOutbox(outbox, createJetStreamRuntime(jetstream(nc)), { limit: 50 });
+ * console.log(result.dispatched, result.failed, result.dead);
+ * await nc.close();
+ * ```
+ */
+export async function dispatchOutbox(
+  repository: OutboxRepository,
+  runtime: OutboxRuntime,
+  options: DispatchOutboxOptions = {},
+): Promise<DispatchOutboxResult> {
+  const limit = positiveInteger("limit", options.limit ?? defaultDispatchLimit);
+  const settings = resolveBatchSettings(options);
+  const now = options.now;
+  let halted = false;
+  const pending: Promise<unknown>[] = [];
+  const engine: BatchEngine = {
+    repository,
+    runtime,
+    ...settings,
+    window: new InFlightWindow(settings.maxInFlight),
+    hooks: options,
+    now: now ? () => now : () => new Date(),
+    halted: () => halted,
+    unavailable: () => {
+      halted = true;
+    },
+    abandoned: (promise) => {
+      pending.push(promise);
+    },
+    report: (error) => {
+      try {
+        options.onError?.(error);
+      } catch {
+        // An error callback must not break dispatching.
+      }
+    },
+  };
+  const startedAt = performance.now();
+  const claimed = await repository.claimDue(limit, engine.now(), { leaseMs: settings.leaseMs });
+  try {
+    return await settleClaimed(engine, claimed, startedAt);
+  } finally {
+    // Deliveries abandoned at their deadline still hold timers of their own; let them finish so
+    // a caller who awaited us leaves nothing running.
+    await Promise.all(pending);
+  }
+}
+
+/** Settings shared by `dispatchOutbox` and `OutboxDispatcher`. Internal. */
+export interface BatchSettings {
+  policy: ResolvedRetryPolicy;
+  leaseMs: number;
+  maxInFlight: number;
+}
+
+/** Checks and fills in the batch settings. Internal. */
+export function resolveBatchSettings(options: {
+  maxInFlight?: number;
+  leaseMs?: number;
+  retry?: RetryPolicy;
+  retryDelayMs?: number;
+}): BatchSettings {
+  const retry = options.retry ?? {};
+  const policy = resolveRetryPolicy(
+    options.retryDelayMs !== undefined && retry.baseMs === undefined
+      ? { ...retry, baseMs: options.retryDelayMs }
+      : retry,
+  );
+  const leaseMs = options.leaseMs ?? defaultLeaseMs;
+  if (!Number.isFinite(leaseMs) || leaseMs < 10) {
+    throw new OutboxValidationError("leaseMs", `leaseMs must be a number >= 10, got ${leaseMs}`);
+  }
+  return {
+    policy,
+    leaseMs,
+    maxInFlight: positiveInteger("maxInFlight", options.maxInFlight ?? defaultMaxInFlight),
+  };
+}
+
+/** Returns `value` if it is an integer >= 1. Internal. */
+export function positiveInteger(field: string, value: number): number {
+  if (!Number.isSafeInteger(value) || value < 1) {
+    throw new OutboxValidationError(field, `${field} must be an integer >= 1, got ${value}`);
+  }
+  return value;
+}
+
+/**
+ * The time reserved at the end of a lease for recording outcomes: deliveries must end before
+ * `leaseMs - settleReserveMs(leaseMs)`. Internal.
+ */
+export function settleReserveMs(leaseMs: number): number {
+  return Math.min(leaseMs / 5, 5_000);
+}
+
+/** What a batch needs from its owner (`dispatchOutbox` or `OutboxDispatcher`). Internal. */
+export interface BatchEngine extends BatchSettings {
+  repository: OutboxRepository;
+  runtime: OutboxRuntime;
+  window: InFlightWindow;
+  hooks: OutboxDispatchHooks;
+  /** Wall-clock time for marks and backoff. */
+  now(): Date;
+  /** Whether deliveries must not start (the broker is unavailable). */
+  halted(): boolean;
+  /** A delivery failed as `unavailable`. */
+  unavailable(error: OutboxPublishError): void;
+  /** A delivery abandoned at its deadline; settles when the runtime finally gives up. */
+  abandoned(settled: Promise<unknown>): void;
+  /** A hook threw. */
+  report(error: unknown): void;
+}
+
+type Settlement =
+  | { state: "dispatched"; info: DispatchedInfo }
+  | { state: "failed"; info: FailedInfo; unavailable: boolean }
+  | { state: "dead"; info: DeadInfo };
+
+/**
+ * Delivers already-claimed messages and records the outcomes. `claimStartedAt` is
+ * `performance.now()` just before the claim (the lease runs from there). Marks that fail (a
+ * store blip) are retried with backoff until the lease ends; after that the error is thrown and
+ * the messages are recovered by a later claim when their lease expires. Internal.
+ */
+export async function settleClaimed(
+  engine: BatchEngine,
+  messages: readonly OutboxMessage[],
+  claimStartedAt: number,
+): Promise<DispatchOutboxResult> {
+  const result: DispatchOutboxResult = {
+    claimed: messages.length,
+    dispatched: 0,
+    duplicates: 0,
+    failed: 0,
+    unavailable: 0,
+    dead: 0,
+    superseded: 0,
+  };
+  if (messages.length === 0) return result;
+  const deliverBy = claimStartedAt + engine.leaseMs - settleReserveMs(engine.leaseMs);
+  const settlements = await Promise.all(
+    messages.map((message) => deliver(engine, message, deliverBy)),
+  );
+  const marks = messages.map((message, index) => toMark(message, settlements[index]));
+  const applied = await applyMarksWithinLease(engine, marks, claimStartedAt + engine.leaseMs);
+  for (let index = 0; index < messages.length; index++) {
+    const settlement = settlements[index];
+    if (!applied[index]) {
+      result.superseded += 1;
+      continue;
+    }
+    const message = messages[index];
+    try {
+      switch (settlement.state) {
+        case "dispatched":
+          result.dispatched += 1;
+          if (settlement.info.duplicate) result.duplicates += 1;
+          engine.hooks.onDispatched?.(message, settlement.info);
+          break;
+        case "failed":
+          result.failed += 1;
+          if (settlement.unavailable) result.unavailable += 1;
+          engine.hooks.onFailed?.(message, settlement.info);
+          break;
+        case "dead":
+          result.dead += 1;
+          engine.hooks.onDead?.(message, settlement.info);
+          break;
+      }
+    } catch (error) {
+      engine.report(error);
+    }
+  }
+  return result;
+}
+
+async function deliver(
+  engine: BatchEngine,
+  message: OutboxMessage,
+  deliverBy: number,
+): Promise<Settlement> {
+  // Decisions that need no broker come first, so a poison message is settled even while the
+  // broker is down.
+  let start: (timeoutMs: number) => Promise<void | OutboxPublishReceipt | JsonValue>;
+  if (message.kind === "event.publish") {
+    let event;
+    try {
+      event = outboxMessageToPreparedEvent(message);
+    } catch (error) {
+      const cause = error instanceof Error ? error : new Error(errorMessage(error));
+      return { state: "dead", info: { error: cause, lastError: cause.message } };
+    }
+    start = (timeoutMs) => engine.runtime.publishPreparedEvent(event, { timeoutMs });
+  } else if (message.kind === "job.create" || message.kind === "job.submit") {
+    const handler = engine.runtime.dispatchJobSubmission?.bind(engine.runtime);
+    if (!handler) {
+      return dead(
+        new OutboxPublishError(
+          "permanent",
+          `no dispatchJobSubmission handler for ${message.kind} '${message.name}'`,
+          { code: "no_job_handler" },
+        ),
+      );
+    }
+    start = (timeoutMs) => handler(message, { timeoutMs });
+  } else {
+    const error = new OutboxCorruptRecordError(message.id, `unknown kind ${String(message.kind)}`);
+    return { state: "dead", info: { error, lastError: error.message } };
+  }
+
+  const slot = engine.window.acquire();
+  if (slot) await slot;
+  try {
+    if (engine.halted()) {
+      return retryLater(
+        engine,
+        new OutboxPublishError("unavailable", "not attempted: the broker is unavailable", {
+          code: "paused",
+        }),
+      );
+    }
+    const budget = Math.floor(deliverBy - performance.now());
+    if (budget < 1) {
+      return retryLater(
+        engine,
+        new OutboxPublishError(
+          "unavailable",
+          "not attempted: the claim's lease ran out while waiting for the in-flight window",
+          { code: "lease_budget" },
+        ),
+      );
+    }
+    let value: void | OutboxPublishReceipt | JsonValue;
+    try {
+      value = await withinBudget(engine, () => start(budget), budget);
+    } catch (error) {
+      return failure(engine, message, error);
+    }
+    if (message.kind === "event.publish") {
+      const receipt = (value ?? undefined) as OutboxPublishReceipt | undefined;
+      const info: DispatchedInfo = { duplicate: receipt?.duplicate === true };
+      if (receipt) info.receipt = receipt;
+      return { state: "dispatched", info };
+    }
+    const outcome = value as JsonValue | undefined;
+    return {
+      state: "dispatched",
+      info: outcome === undefined ? { duplicate: false } : { duplicate: false, outcome },
+    };
+  } finally {
+    engine.window.release();
+  }
+}
+
+/** Runs `start`, but stops waiting after `budgetMs` (the runtime was told the same budget). */
+function withinBudget<T>(
+  engine: BatchEngine,
+  start: () => Promise<T>,
+  budgetMs: number,
+): Promise<T> {
+  let promise: Promise<T>;
+  try {
+    promise = Promise.resolve(start());
+  } catch (error) {
+    return Promise.reject(error);
+  }
+  return new Promise<T>((resolve, reject) => {
+    let expired = false;
+    const timer = setTimeout(() => {
+      expired = true;
+      engine.abandoned(promise.then(() => {}, () => {}));
+      reject(
+        new OutboxPublishError(
+          "unavailable",
+          `no acknowledgement within ${budgetMs} ms (what was left of the claim's lease)`,
+          { code: "timeout" },
+        ),
+      );
+    }, budgetMs);
+    promise.then(
+      (value) => {
+        if (expired) return;
+        clearTimeout(timer);
+        resolve(value);
+      },
+      (error) => {
+        if (expired) return;
+        clearTimeout(timer);
+        reject(error);
+      },
+    );
+  });
+}
+
+function failure(engine: BatchEngine, message: OutboxMessage, error: unknown): Settlement {
+  const classified = error instanceof OutboxPublishError ? error : new OutboxPublishError(
+    "retryable",
+    errorMessage(error),
+    { code: "error", cause: error },
+  );
+  switch (classified.kind) {
+    case "permanent":
+      return dead(classified);
+    case "unavailable":
+      engine.unavailable(classified);
+      return retryLater(engine, classified);
+    case "retryable": {
+      const lastError = describe(classified);
+      if (message.attempts >= engine.policy.maxAttempts) {
+        return {
+          state: "dead",
+          info: {
+            error: classified,
+            lastError: `gave up after ${message.attempts} attempts: ${lastError}`,
+          },
+        };
+      }
+      const nextAttemptAt = addMs(engine.now(), backoffDelayMs(message.attempts, engine.policy));
+      return {
+        state: "failed",
+        info: { error: classified, lastError, nextAttemptAt },
+        unavailable: false,
+      };
+    }
+  }
+}
+
+/** `unavailable`: due again at once; the dispatcher's circuit breaker decides when to retry. */
+function retryLater(engine: BatchEngine, error: OutboxPublishError): Settlement {
+  return {
+    state: "failed",
+    info: { error, lastError: describe(error), nextAttemptAt: engine.now() },
+    unavailable: true,
+  };
+}
+
+function dead(error: OutboxPublishError): Settlement {
+  return { state: "dead", info: { error, lastError: describe(error) } };
+}
+
+function describe(error: OutboxPublishError): string {
+  return `${error.code}: ${error.message}`;
+}
+
+function toMark(message: OutboxMessage, settlement: Settlement): OutboxMark {
+  const claim = {
+    id: message.id,
+    attempts: message.attempts,
+    nextAttemptAt: message.nextAttemptAt,
+  };
+  switch (settlement.state) {
+    case "dispatched":
+      return settlement.info.outcome === undefined
+        ? { claim, state: "dispatched" }
+        : { claim, state: "dispatched", outcome: settlement.info.outcome };
+    case "failed":
+      return {
+        claim,
+        state: "failed",
+        error: settlement.info.lastError,
+        nextAttemptAt: settlement.info.nextAttemptAt,
+      };
+    case "dead":
+      return { claim, state: "dead", error: settlement.info.lastError };
+  }
+}
+
+/**
+ * Once the broker acknowledged a message, that fact must reach the store: a failed mark (a
+ * database blip) is retried with backoff until the lease ends, instead of letting the lease
+ * expire and publishing again.
+ */
+async function applyMarksWithinLease(
+  engine: BatchEngine,
+  marks: OutboxMark[],
+  leaseEnd: number,
+): Promise<boolean[]> {
+  let delay = 25;
+  while (true) {
+    try {
+      return await applyMarks(engine.repository, marks, engine.now());
+    } catch (error) {
+      if (performance.now() + delay >= leaseEnd) throw error;
+      await new Promise((resolve) => setTimeout(resolve, delay));
+      delay = Math.min(delay * 2, 1_000);
+    }
+  }
+}

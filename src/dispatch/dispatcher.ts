@@ -1,0 +1,568 @@
+/**
+ * OutboxDispatcher: keeps draining the outbox. Wake-ups (start, notify, idle polling, retry
+ * timers), pipelined batches within one in-flight window, the circuit breaker, and a clean
+ * `stop()`.
+ *
+ * @module
+ */
+
+import { OutboxValidationError } from "../core/errors.ts";
+import type { OutboxPublishError } from "../core/errors.ts";
+import type { RetryPolicy } from "../core/retry.ts";
+import type { OutboxMessage, OutboxRepository, OutboxRuntime } from "../core/types.ts";
+import { CircuitBreaker, type CircuitState } from "./circuit_breaker.ts";
+import {
+  type BatchEngine,
+  defaultDispatchLimit,
+  type DispatchOutboxResult,
+  type OutboxDispatchHooks,
+  positiveInteger,
+  resolveBatchSettings,
+  settleClaimed,
+} from "./dispatch_outbox.ts";
+import { InFlightWindow } from "./window.ts";
+
+/**
+ * What {@linkcode OutboxDispatcherOptions.onPaused} receives.
+ *
+ * @example
+ * ```ts
+ * import type { PausedInfo } from "@outbox/nats";
+ * const log = (info: PausedInfo) => console.warn("outbox paused:", info.error.code);
+ * ```
+ */
+export interface PausedInfo {
+  /** The `unavailable` failure that opened the circuit breaker. */
+  error: OutboxPublishError;
+}
+
+/**
+ * What {@linkcode OutboxDispatcherOptions.onResumed} receives.
+ *
+ * @example
+ * ```ts
+ * import type { ResumedInfo } from "@outbox/nats";
+ * const log = (info: ResumedInfo) => console.info(`outbox resumed after ${info.pausedMs} ms`);
+ * ```
+ */
+export interface ResumedInfo {
+  /** How long dispatching was paused. */
+  pausedMs: number;
+}
+
+/**
+ * Options for {@linkcode OutboxDispatcher}.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxDispatcherOptions } from "@outbox/nats";
+ * const options: OutboxDispatcherOptions = {
+ *   limit: 100,
+ *   maxInFlight: 100,
+ *   leaseMs: 30_000,
+ *   idleRetryMs: 1_000,
+ *   retry: { baseMs: 1_000, capMs: 300_000, maxAttempts: 10 },
+ *   onDead: (message, info) => console.error("dead", message.id, info.lastError),
+ *   onPaused: (info) => console.warn("broker unavailable", info.error.code),
+ *   onResumed: (info) => console.info("resumed after", info.pausedMs, "ms"),
+ * };
+ * ```
+ */
+export interface OutboxDispatcherOptions extends OutboxDispatchHooks {
+  /** Messages claimed per batch. @default {100} */
+  limit?: number;
+  /**
+   * Deliveries awaiting acknowledgement at once, across the (at most two) batches in flight.
+   *
+   * @default {100}
+   */
+  maxInFlight?: number;
+  /**
+   * The claim lease. Deliveries are bounded to end before `leaseMs - min(leaseMs / 5, 5000)`
+   * after the claim; the rest of the lease is kept for recording outcomes.
+   *
+   * @default {30000}
+   */
+  leaseMs?: number;
+  /** Backoff and attempt budget for retryable failures. @default {defaultRetryPolicy} */
+  retry?: RetryPolicy;
+  /**
+   * The reference's fixed retry delay; now the backoff base when `retry.baseMs` is not given.
+   *
+   * @deprecated Use `retry.baseMs`.
+   */
+  retryDelayMs?: number;
+  /**
+   * Longest delay between an idle dispatcher's first `notify()` and the drain it triggers. Later
+   * notifies never move the drain further out (unlike a trailing debounce).
+   *
+   * @default {0}
+   */
+  debounceMs?: number;
+  /**
+   * Idle polling interval: how long an idle dispatcher waits before looking for due messages it
+   * was not notified about (committed by other processes, retries, expired leases). `false`
+   * turns polling off.
+   *
+   * @default {1000}
+   */
+  idleRetryMs?: number | false;
+  /**
+   * First delay before probing the broker after the circuit breaker opened (and before retrying
+   * after a store error); doubles on every failed probe.
+   *
+   * @default {250}
+   */
+  probeIntervalMs?: number;
+  /** Largest delay between probes (and store-error retries). @default {10000} */
+  probeMaxIntervalMs?: number;
+  /** The clock for claim and mark timestamps (tests). @default {() => new Date()} */
+  clock?: () => Date;
+  /**
+   * Receives errors the dispatcher recovers from on its own: a failed claim (retried with
+   * backoff), marks that could not be recorded within the lease (the messages are recovered
+   * when their lease expires), exceptions from hooks. Its own exceptions are ignored.
+   *
+   * @default {(error) => console.error(error)}
+   */
+  onError?: (error: unknown) => void;
+  /** The circuit breaker opened: the broker is unavailable and claiming stopped. */
+  onPaused?: (info: PausedInfo) => void;
+  /** The circuit breaker closed again: dispatching resumed. */
+  onResumed?: (info: ResumedInfo) => void;
+  /** After every batch, with its counts. */
+  onBatch?: (result: DispatchOutboxResult) => void;
+}
+
+/**
+ * Keeps an outbox drained: claims due messages in batches and delivers them through the runtime
+ * until nothing is due, then waits for `notify()`, the idle poll, or the next known retry.
+ *
+ * - Starts at once with a drain, so messages left by a crashed process are recovered without a
+ *   new enqueue.
+ * - `notify()` after a commit: calls coalesce, a drain starts within `debounceMs`, and a drain
+ *   already running makes one more pass. Drains never run concurrently.
+ * - Pipelining: while one batch is being delivered the next is claimed; both share the
+ *   `maxInFlight` window.
+ * - Circuit breaker: an `unavailable` failure stops claiming; the broker is probed with backoff
+ *   (`runtime.probe()`), then one trial message is delivered, and dispatching resumes on its
+ *   own. See the README for exactly how many attempts an outage can cost.
+ * - `whenIdle()` resolves once nothing is due; `stop()` resolves once in-flight work settled and
+ *   no timer is left.
+ *
+ * @example
+ * ```ts
+ * import { connect } from "@nats-io/transport-node";
+ * import { jetstream } from "@nats-io/jetstream";
+ * import { createJetStreamRuntime, MemoryOutboxRepository, OutboxDispatcher } from "@outbox/nats";
+ *
+ * const nc = await connect({ servers: "nats://127.0.0.1:4222" });
+ * const outbox = new MemoryOutboxRepository();
+ * const dispatcher = new OutboxDispatcher(outbox, createJetStreamRuntime(jetstream(nc)), {
+ *   onDead: (message, info) => console.error("dead", message.id, info.lastError),
+ * });
+ * await outbox.enqueue({
+ *   id: "order-1-created", kind: "event.publish", name: "order.created",
+ *   subject: "orders.created", payload: JSON.stringify({ orderId: 1 }), headers: {},
+ * });
+ * dispatcher.notify(); // after the transaction committed
+ * await dispatcher.whenIdle();
+ * await dispatcher.stop();
+ * await nc.close();
+ * ```
+ */
+export class OutboxDispatcher implements AsyncDisposable {
+  readonly #repository: OutboxRepository;
+  readonly #runtime: OutboxRuntime;
+  readonly #options: OutboxDispatcherOptions;
+  readonly #limit: number;
+  readonly #debounceMs: number;
+  readonly #idleRetryMs: number | false;
+  readonly #probeIntervalMs: number;
+  readonly #probeMaxIntervalMs: number;
+  readonly #clock: () => Date;
+  readonly #engine: BatchEngine;
+  readonly #breaker: CircuitBreaker;
+
+  #stopped = false;
+  #stopping: Promise<void> | undefined;
+  #drain: Promise<void> | undefined;
+  #dirty = false;
+  #wakeTimer: ReturnType<typeof setTimeout> | undefined;
+  #pollTimer: ReturnType<typeof setTimeout> | undefined;
+  #pause: { timer: ReturnType<typeof setTimeout>; resolve: (ok: boolean) => void } | undefined;
+  #claims = 0;
+  #idleWaiters: Array<{ after: number; resolve: () => void }> = [];
+  #retryAt: number | undefined;
+  #storeErrors = 0;
+  #blockedUntil = 0;
+  #abandoned = new Set<Promise<unknown>>();
+
+  /** Creates the dispatcher and starts its first drain. Options are checked at once. */
+  constructor(
+    repository: OutboxRepository,
+    runtime: OutboxRuntime,
+    options: OutboxDispatcherOptions = {},
+  ) {
+    this.#repository = repository;
+    this.#options = options;
+    this.#limit = positiveInteger("limit", options.limit ?? defaultDispatchLimit);
+    const settings = resolveBatchSettings(options);
+    this.#debounceMs = nonNegative("debounceMs", options.debounceMs ?? 0);
+    this.#idleRetryMs = options.idleRetryMs === false
+      ? false
+      : nonNegative("idleRetryMs", options.idleRetryMs ?? 1_000);
+    this.#probeIntervalMs = nonNegative("probeIntervalMs", options.probeIntervalMs ?? 250);
+    this.#probeMaxIntervalMs = Math.max(
+      this.#probeIntervalMs,
+      nonNegative("probeMaxIntervalMs", options.probeMaxIntervalMs ?? 10_000),
+    );
+    this.#clock = options.clock ?? (() => new Date());
+    this.#breaker = new CircuitBreaker({
+      probeIntervalMs: this.#probeIntervalMs,
+      probeMaxIntervalMs: this.#probeMaxIntervalMs,
+    });
+    this.#runtime = runtime;
+    this.#engine = {
+      repository,
+      runtime,
+      ...settings,
+      window: new InFlightWindow(settings.maxInFlight),
+      hooks: {
+        onDispatched: options.onDispatched,
+        onDead: options.onDead,
+        onFailed: (message, info) => {
+          // Failures while the breaker is open are handled by probing; the loop is still
+          // running then, so tracking them too is harmless and keeps the rule simple.
+          this.#noteRetry(info.nextAttemptAt);
+          options.onFailed?.(message, info);
+        },
+      },
+      now: this.#clock,
+      halted: () => this.#breaker.state === "open",
+      unavailable: (error) => this.#trip(error),
+      abandoned: (settled) => {
+        this.#abandoned.add(settled);
+        void settled.then(() => this.#abandoned.delete(settled));
+      },
+      report: (error) => this.#report(error),
+    };
+    this.notify();
+  }
+
+  /**
+   * The circuit breaker's state: `closed` (dispatching), `open` (paused, probing the broker) or
+   * `half-open` (delivering one trial message).
+   *
+   * @example
+   * ```ts
+   * import { MemoryOutboxRepository, OutboxDispatcher } from "@outbox/nats";
+   * const dispatcher = new OutboxDispatcher(new MemoryOutboxRepository(), {
+   *   publishPreparedEvent: () => Promise.resolve(),
+   * });
+   * console.log(dispatcher.state); // "closed"
+   * await dispatcher.stop();
+   * ```
+   */
+  get state(): CircuitState {
+    return this.#breaker.state;
+  }
+
+  /**
+   * Signals that messages may be due (call it after the enqueueing transaction committed).
+   * Cheap and safe to call often: calls coalesce into one drain that starts within
+   * `debounceMs`; during a drain they cause one more pass. No-op after `stop()`.
+   *
+   * @example
+   * ```ts
+   * import { MemoryOutboxRepository, OutboxDispatcher } from "@outbox/nats";
+   * const dispatcher = new OutboxDispatcher(new MemoryOutboxRepository(), {
+   *   publishPreparedEvent: () => Promise.resolve(),
+   * });
+   * dispatcher.notify();
+   * dispatcher.notify(); // coalesced with the first
+   * await dispatcher.stop();
+   * ```
+   */
+  notify(): void {
+    if (this.#stopped) return;
+    this.#dirty = true;
+    if (this.#drain || this.#wakeTimer !== undefined) return;
+    // After a store error the poll timer is armed for the end of the backoff.
+    if (Date.now() < this.#blockedUntil) return;
+    this.#clearPoll();
+    this.#wakeTimer = setTimeout(() => {
+      this.#wakeTimer = undefined;
+      this.#start();
+    }, this.#debounceMs);
+  }
+
+  /**
+   * Resolves once a claim made after this call found nothing more due (messages failed with a
+   * future `nextAttemptAt` are not due). While the broker is unavailable it waits for the
+   * dispatcher to resume. Resolves at once after `stop()`.
+   *
+   * @example
+   * ```ts
+   * import { MemoryOutboxRepository, OutboxDispatcher } from "@outbox/nats";
+   * const outbox = new MemoryOutboxRepository();
+   * const dispatcher = new OutboxDispatcher(outbox, { publishPreparedEvent: () => Promise.resolve() });
+   * await outbox.enqueue({
+   *   id: "m-1", kind: "event.publish", name: "demo", subject: "demo.a", payload: "{}", headers: {},
+   * });
+   * await dispatcher.whenIdle();
+   * console.log((await outbox.get("m-1"))?.state); // "dispatched"
+   * await dispatcher.stop();
+   * ```
+   */
+  whenIdle(): Promise<void> {
+    if (this.#stopped) return Promise.resolve();
+    return new Promise((resolve) => {
+      this.#idleWaiters.push({ after: this.#claims, resolve });
+      this.notify();
+    });
+  }
+
+  /**
+   * Stops dispatching: cancels timers and probes, claims nothing more, and resolves once the
+   * batches already claimed are delivered and recorded (recording retries within the lease)
+   * and no timer of the dispatcher is left. Idempotent.
+   *
+   * @example
+   * ```ts
+   * import { MemoryOutboxRepository, OutboxDispatcher } from "@outbox/nats";
+   * const dispatcher = new OutboxDispatcher(new MemoryOutboxRepository(), {
+   *   publishPreparedEvent: () => Promise.resolve(),
+   * });
+   * await dispatcher.stop();
+   * ```
+   */
+  stop(): Promise<void> {
+    if (!this.#stopping) {
+      this.#stopped = true;
+      this.#dirty = false;
+      if (this.#wakeTimer !== undefined) clearTimeout(this.#wakeTimer);
+      this.#wakeTimer = undefined;
+      this.#clearPoll();
+      if (this.#pause) {
+        clearTimeout(this.#pause.timer);
+        this.#pause.resolve(false);
+        this.#pause = undefined;
+      }
+      for (const waiter of this.#idleWaiters.splice(0)) waiter.resolve();
+      this.#stopping = (async () => {
+        while (this.#drain) await this.#drain;
+        while (this.#abandoned.size > 0) await Promise.all([...this.#abandoned]);
+      })();
+    }
+    return this.#stopping;
+  }
+
+  /** Same as {@linkcode stop}, for `await using`. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.stop();
+  }
+
+  #start(): void {
+    if (this.#stopped || this.#drain) return;
+    this.#clearPoll();
+    // Start the loop a microtask later, so `#drain` is set before any of its code (and any hook
+    // it calls, which may call stop()) runs.
+    this.#drain = Promise.resolve()
+      .then(() => this.#loop())
+      .catch((error) => this.#report(error))
+      .finally(() => {
+        this.#drain = undefined;
+        this.#afterDrain();
+      });
+  }
+
+  async #loop(): Promise<void> {
+    let previous: Promise<void> | undefined;
+    try {
+      while (!this.#stopped) {
+        if (this.#breaker.state === "open") {
+          if (previous) {
+            await previous;
+            previous = undefined;
+            continue;
+          }
+          if (!(await this.#awaitBroker())) return;
+          continue;
+        }
+        const trial = this.#breaker.state === "half-open";
+        const limit = trial ? 1 : this.#limit;
+        this.#dirty = false;
+        const seq = ++this.#claims;
+        const startedAt = performance.now();
+        let claimed: OutboxMessage[];
+        try {
+          claimed = await this.#repository.claimDue(limit, this.#clock(), {
+            leaseMs: this.#engine.leaseMs,
+          });
+          this.#storeErrors = 0;
+        } catch (error) {
+          this.#report(error);
+          this.#dirty = true;
+          this.#blockedUntil = Date.now() + this.#backoff(this.#storeErrors++);
+          return;
+        }
+        if (claimed.length === 0) {
+          if (trial) this.#resume();
+          if (previous) {
+            await previous;
+            previous = undefined;
+          }
+          if (this.#dirty || this.#breaker.state !== "closed") continue;
+          this.#reachedIdle(seq);
+          return;
+        }
+        const current = this.#settle(claimed, startedAt, trial);
+        if (trial) {
+          await current;
+          continue;
+        }
+        if (previous) await previous;
+        previous = current;
+        if (claimed.length < limit && !this.#dirty) {
+          await current;
+          previous = undefined;
+          if (this.#dirty || this.#breaker.state !== "closed") continue;
+          this.#reachedIdle(seq);
+          return;
+        }
+      }
+    } finally {
+      if (previous) await previous;
+    }
+  }
+
+  async #settle(claimed: OutboxMessage[], startedAt: number, trial: boolean): Promise<void> {
+    let result: DispatchOutboxResult;
+    try {
+      result = await settleClaimed(this.#engine, claimed, startedAt);
+    } catch (error) {
+      // Outcomes could not be recorded within the lease; the messages are claimed again when
+      // it expires (a re-publish then lands in JetStream's duplicate window).
+      this.#report(error);
+      return;
+    }
+    if (trial && this.#breaker.state === "half-open") this.#resume();
+    if (this.#options.onBatch) this.#call(() => this.#options.onBatch?.(result));
+  }
+
+  /** Waits (cancellably) and probes; `false` when stopped. */
+  async #awaitBroker(): Promise<boolean> {
+    if (!(await this.#sleep(this.#breaker.nextProbeDelayMs()))) return false;
+    const probe = this.#runtime.probe?.bind(this.#runtime);
+    if (probe) {
+      let ok = false;
+      try {
+        ok = (await probe()) === true;
+      } catch {
+        ok = false;
+      }
+      if (this.#stopped) return false;
+      if (!ok) return true;
+    }
+    this.#breaker.halfOpen();
+    return true;
+  }
+
+  #sleep(ms: number): Promise<boolean> {
+    if (this.#stopped) return Promise.resolve(false);
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => {
+        this.#pause = undefined;
+        resolve(true);
+      }, ms);
+      this.#pause = { timer, resolve };
+    });
+  }
+
+  #trip(error: OutboxPublishError): void {
+    if (this.#breaker.trip(error, Date.now()) && this.#options.onPaused) {
+      this.#call(() => this.#options.onPaused?.({ error }));
+    }
+  }
+
+  #resume(): void {
+    const pausedMs = this.#breaker.close(Date.now());
+    if (pausedMs !== undefined && this.#options.onResumed) {
+      this.#call(() => this.#options.onResumed?.({ pausedMs }));
+    }
+  }
+
+  #noteRetry(at: Date): void {
+    const time = at.getTime();
+    if (this.#retryAt === undefined || time < this.#retryAt) this.#retryAt = time;
+  }
+
+  #reachedIdle(seq: number): void {
+    if (this.#idleWaiters.length === 0) return;
+    const waiting = this.#idleWaiters;
+    this.#idleWaiters = [];
+    for (const waiter of waiting) {
+      if (waiter.after < seq) waiter.resolve();
+      else this.#idleWaiters.push(waiter);
+    }
+  }
+
+  /** Arms the next wake-up after a drain: now if notified, else poll / retry / backoff time. */
+  #afterDrain(): void {
+    if (this.#stopped) return;
+    const now = Date.now();
+    if (this.#dirty && now >= this.#blockedUntil) {
+      this.notify();
+      return;
+    }
+    let delay = this.#idleRetryMs === false ? Infinity : this.#idleRetryMs;
+    if (this.#retryAt !== undefined) {
+      delay = Math.min(delay, this.#retryAt - this.#clock().getTime());
+    }
+    if (this.#dirty) delay = Math.min(delay, this.#blockedUntil - now);
+    if (!Number.isFinite(delay)) return;
+    this.#clearPoll();
+    this.#pollTimer = setTimeout(() => {
+      this.#pollTimer = undefined;
+      if (this.#retryAt !== undefined && this.#retryAt <= this.#clock().getTime()) {
+        this.#retryAt = undefined;
+      }
+      this.#dirty = true;
+      this.#start();
+    }, Math.max(0, delay));
+  }
+
+  #clearPoll(): void {
+    if (this.#pollTimer !== undefined) clearTimeout(this.#pollTimer);
+    this.#pollTimer = undefined;
+  }
+
+  #backoff(failures: number): number {
+    return Math.min(this.#probeMaxIntervalMs, this.#probeIntervalMs * 2 ** Math.min(failures, 30));
+  }
+
+  #call(fn: () => void): void {
+    try {
+      fn();
+    } catch (error) {
+      this.#report(error);
+    }
+  }
+
+  #report(error: unknown): void {
+    try {
+      if (this.#options.onError) this.#options.onError(error);
+      else console.error("outbox dispatcher:", error);
+    } catch {
+      // An error callback must not break dispatcher recovery.
+    }
+  }
+}
+
+function nonNegative(field: string, value: number): number {
+  if (!Number.isFinite(value) || value < 0) {
+    throw new OutboxValidationError(field, `${field} must be a finite number >= 0, got ${value}`);
+  }
+  return value;
+}

@@ -1,0 +1,209 @@
+/**
+ * The JetStream runtime: publishes outbox events with `Nats-Msg-Id` and awaits the PubAck.
+ *
+ * @module
+ */
+
+import { headers as natsHeaders } from "@nats-io/nats-core";
+import { outboxHeaders } from "../core/events.ts";
+import type {
+  JsonValue,
+  OutboxDeliveryOptions,
+  OutboxMessage,
+  OutboxPublishReceipt,
+  OutboxRuntime,
+  PreparedEvent,
+} from "../core/types.ts";
+import { classifyJetStreamError } from "./jetstream_errors.ts";
+
+/**
+ * Default time to wait for a PubAck, in milliseconds.
+ *
+ * @example
+ * ```ts
+ * import { defaultPublishTimeoutMs } from "@outbox/nats";
+ * console.log(defaultPublishTimeoutMs); // 5000
+ * ```
+ */
+export const defaultPublishTimeoutMs = 5_000;
+
+/**
+ * The part of a nats.js JetStream client (`JetStreamClient` from `@nats-io/jetstream`, v3) the
+ * runtime uses. Pass the client itself; this type only keeps our API independent of nats.js's.
+ *
+ * @example
+ * ```ts
+ * import { connect } from "@nats-io/transport-node";
+ * import { jetstream } from "@nats-io/jetstream";
+ * import type { JetStreamPublisher } from "@outbox/nats";
+ * const nc = await connect({ servers: "nats://127.0.0.1:4222" });
+ * const js: JetStreamPublisher = jetstream(nc);
+ * await nc.close();
+ * ```
+ */
+export interface JetStreamPublisher {
+  /** Publishes and resolves with the PubAck. */
+  publish(
+    subject: string,
+    payload?: string | Uint8Array,
+    options?: { msgID?: string; timeout?: number; headers?: unknown },
+  ): Promise<{ stream: string; seq: number; duplicate: boolean }>;
+  /** A JetStream manager; `checkAPI: false` sends no request. */
+  jetstreamManager(checkAPI?: boolean): Promise<{ getAccountInfo(): Promise<unknown> }>;
+}
+
+/**
+ * Options for {@linkcode createJetStreamRuntime}.
+ *
+ * @example
+ * ```ts
+ * import type { JetStreamRuntimeOptions } from "@outbox/nats";
+ * const options: JetStreamRuntimeOptions = {
+ *   timeoutMs: 3_000,
+ *   onPublished: (event, receipt) => {
+ *     if (receipt.duplicate) console.log("already in the stream:", event.header.id);
+ *   },
+ * };
+ * ```
+ */
+export interface JetStreamRuntimeOptions {
+  /**
+   * How long to wait for the PubAck. The dispatcher may ask for less (what is left of the claim's
+   * lease); the smaller value wins. A publish without PubAck in time fails as `unavailable`.
+   *
+   * @default {5000}
+   */
+  timeoutMs?: number;
+  /**
+   * Handles `job.create` / `job.submit` messages; its result is stored as the message's
+   * `outcome`. Without it, job messages go `dead` ("no dispatchJobSubmission handler").
+   */
+  dispatchJobSubmission?: (
+    message: OutboxMessage,
+    options?: OutboxDeliveryOptions,
+  ) => Promise<JsonValue>;
+  /**
+   * Called after every acknowledged publish, duplicates included (`receipt.duplicate`), for
+   * logs and metrics. Exceptions it throws are ignored.
+   */
+  onPublished?: (event: PreparedEvent, receipt: Required<OutboxPublishReceipt>) => void;
+}
+
+/**
+ * A complete JetStream runtime: {@linkcode OutboxRuntime} with a `probe()` for the dispatcher's
+ * circuit breaker.
+ *
+ * @example
+ * ```ts
+ * import { connect } from "@nats-io/transport-node";
+ * import { jetstream } from "@nats-io/jetstream";
+ * import { createJetStreamRuntime, type JetStreamOutboxRuntime } from "@outbox/nats";
+ * const nc = await connect({ servers: "nats://127.0.0.1:4222" });
+ * const runtime: JetStreamOutboxRuntime = createJetStreamRuntime(jetstream(nc));
+ * console.log(await runtime.probe()); // true while JetStream answers
+ * await nc.close();
+ * ```
+ */
+export interface JetStreamOutboxRuntime extends OutboxRuntime {
+  /** Publishes the event; resolves with the PubAck as a receipt. */
+  publishPreparedEvent(
+    event: PreparedEvent,
+    options?: OutboxDeliveryOptions,
+  ): Promise<Required<OutboxPublishReceipt>>;
+  /** `true` when the JetStream API answers an account-info request; never publishes. */
+  probe(): Promise<boolean>;
+}
+
+/**
+ * Creates the runtime that publishes outbox events to JetStream.
+ *
+ * Every publish carries the stored headers and `Nats-Msg-Id` = the event id, so JetStream drops
+ * a re-publish inside the stream's duplicate window; a PubAck with `duplicate: true` counts as
+ * success. Failures reject with an {@linkcode OutboxPublishError} classified by
+ * {@linkcode classifyJetStreamError}: no stream for the subject is `retryable`, a timeout or a
+ * closed connection is `unavailable`, a payload over `max_payload` or an invalid subject is
+ * `permanent`.
+ *
+ * `probe()` sends a JetStream account-info request (waiting as long as the client's own API
+ * timeout, 5 s unless configured in `jetstream(nc, { timeout })`) and publishes nothing.
+ *
+ * @example
+ * ```ts
+ * import { connect } from "@nats-io/transport-node";
+ * import { jetstream } from "@nats-io/jetstream";
+ * import { createJetStreamRuntime, MemoryOutboxRepository, OutboxDispatcher } from "@outbox/nats";
+ *
+ * const nc = await connect({ servers: "nats://127.0.0.1:4222" });
+ * const runtime = createJetStreamRuntime(jetstream(nc), {
+ *   timeoutMs: 5_000,
+ *   dispatchJobSubmission: async (message) => ({ kind: "accepted", jobId: message.id }),
+ * });
+ * const dispatcher = new OutboxDispatcher(new MemoryOutboxRepository(), runtime);
+ * await dispatcher.stop();
+ * await nc.close();
+ * ```
+ */
+export function createJetStreamRuntime(
+  js: JetStreamPublisher,
+  options: JetStreamRuntimeOptions = {},
+): JetStreamOutboxRuntime {
+  const timeoutMs = options.timeoutMs ?? defaultPublishTimeoutMs;
+  if (!Number.isFinite(timeoutMs) || timeoutMs < 1) {
+    throw new RangeError(`timeoutMs must be a number >= 1, got ${timeoutMs}`);
+  }
+  const onPublished = options.onPublished;
+  let manager: Promise<{ getAccountInfo(): Promise<unknown> }> | undefined;
+
+  const runtime: JetStreamOutboxRuntime = {
+    async publishPreparedEvent(event, delivery) {
+      const budget = delivery?.timeoutMs;
+      const timeout = Math.max(
+        1,
+        Math.floor(budget === undefined ? timeoutMs : Math.min(timeoutMs, budget)),
+      );
+      const messageHeaders = natsHeaders();
+      for (const [name, value] of Object.entries(event.headers)) {
+        // Nats-Msg-Id is set from the event id below (validation keeps them equal).
+        if (name.toLowerCase() === messageIdLower) continue;
+        messageHeaders.set(name, value);
+      }
+      let ack;
+      try {
+        ack = await js.publish(event.subject, event.encodedPayload, {
+          msgID: event.header.id,
+          headers: messageHeaders,
+          timeout,
+        });
+      } catch (error) {
+        throw classifyJetStreamError(error);
+      }
+      const receipt = { duplicate: ack.duplicate === true, stream: ack.stream, seq: ack.seq };
+      if (onPublished) {
+        try {
+          onPublished(event, receipt);
+        } catch {
+          // Metrics hooks must not turn a delivered message into a failure.
+        }
+      }
+      return receipt;
+    },
+    async probe() {
+      try {
+        manager ??= js.jetstreamManager(false);
+        const jsm = await manager;
+        await jsm.getAccountInfo();
+        return true;
+      } catch {
+        manager = undefined;
+        return false;
+      }
+    },
+  };
+  if (options.dispatchJobSubmission) {
+    const handler = options.dispatchJobSubmission;
+    runtime.dispatchJobSubmission = (message, delivery) => handler(message, delivery);
+  }
+  return runtime;
+}
+
+const messageIdLower = outboxHeaders.messageId.toLowerCase();

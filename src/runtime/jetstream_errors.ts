@@ -1,0 +1,114 @@
+/**
+ * Classifying nats.js (v3) publish failures into {@linkcode OutboxPublishError} kinds.
+ *
+ * nats.js signals failures with named Error classes, often wrapped (a `RequestError` whose
+ * `cause` is a `NoRespondersError`, a `JetStreamNotEnabled` whose cause is that `RequestError`).
+ * We walk the `cause` chain and decide by class name and API error code, which survives
+ * duplicated copies of the nats.js packages where `instanceof` would not.
+ *
+ * @module
+ */
+
+import { errorMessage, OutboxPublishError } from "../core/errors.ts";
+
+/** JetStream API error code: the message is larger than the stream's `max_msg_size`. */
+const streamMessageExceedsMaximum = 10054;
+
+/**
+ * Turns anything a JetStream publish rejected with into an {@linkcode OutboxPublishError}:
+ *
+ * | nats.js error (anywhere in the `cause` chain) | kind | code |
+ * | --- | --- | --- |
+ * | `NoRespondersError` (no stream captures the subject) | `retryable` | `no_stream` |
+ * | `TimeoutError` (no PubAck in time; also while disconnected) | `unavailable` | `timeout` |
+ * | `ClosedConnectionError` | `unavailable` | `connection_closed` |
+ * | `DrainingConnectionError` | `unavailable` | `connection_draining` |
+ * | `ConnectionError` | `unavailable` | `connection` |
+ * | `JetStreamApiError` with status 503 | `unavailable` | `api_<err_code>` |
+ * | `InvalidSubjectError` | `permanent` | `invalid_subject` |
+ * | `InvalidArgumentError` about `max_payload` | `permanent` | `max_payload` |
+ * | other `InvalidArgumentError` | `permanent` | `invalid_argument` |
+ * | `JetStreamApiError` 10054 (over the stream's `max_msg_size`) | `permanent` | `max_msg_size` |
+ * | other `JetStreamApiError` | `retryable` | `api_<err_code>` |
+ * | `JetStreamNotEnabled` (not caused by no responders) | `retryable` | `jetstream_not_enabled` |
+ * | anything else | `retryable` | `publish_failed` |
+ *
+ * An `OutboxPublishError` is returned unchanged. nats.js uses one class for every bad argument,
+ * so only the `max_payload` sub-case looks at the message text.
+ *
+ * @example
+ * ```ts
+ * import { classifyJetStreamError } from "@outbox/nats";
+ * const error = classifyJetStreamError(new Error("boom"));
+ * console.log(error.kind, error.code); // "retryable" "publish_failed"
+ * ```
+ */
+export function classifyJetStreamError(error: unknown): OutboxPublishError {
+  if (error instanceof OutboxPublishError) return error;
+  const chain = causeChain(error);
+  const named = (name: string) => chain.find((item) => item.name === name);
+  const make = (kind: "permanent" | "retryable" | "unavailable", code: string, text: string) =>
+    new OutboxPublishError(kind, `${text}: ${errorMessage(error)}`, { code, cause: error });
+
+  if (named("NoResponders") || named("NoRespondersError")) {
+    return make("retryable", "no_stream", "no JetStream stream captures the subject");
+  }
+  if (named("InvalidSubjectError")) {
+    return make("permanent", "invalid_subject", "the subject cannot be published to");
+  }
+  const invalid = named("InvalidArgumentError");
+  if (invalid) {
+    return invalid.message.includes("max_payload")
+      ? make("permanent", "max_payload", "the message is larger than the server's max_payload")
+      : make("permanent", "invalid_argument", "nats.js rejected the publish arguments");
+  }
+  if (named("TimeoutError")) {
+    return make("unavailable", "timeout", "no PubAck in time");
+  }
+  if (named("ClosedConnectionError")) {
+    return make("unavailable", "connection_closed", "the NATS connection is closed");
+  }
+  if (named("DrainingConnectionError")) {
+    return make("unavailable", "connection_draining", "the NATS connection is draining");
+  }
+  if (named("ConnectionError")) {
+    return make("unavailable", "connection", "the NATS connection failed");
+  }
+  const api = chain.find((item) =>
+    item.name === "JetStreamApiError" || item.name === "StreamNotFoundError"
+  );
+  if (api) {
+    const code = numberField(api, "code");
+    const status = numberField(api, "status");
+    if (code === streamMessageExceedsMaximum) {
+      return make("permanent", "max_msg_size", "the message is larger than the stream allows");
+    }
+    const label = `api_${code ?? "unknown"}`;
+    return status === 503
+      ? make("unavailable", label, "JetStream is temporarily unavailable")
+      : make("retryable", label, "JetStream rejected the publish");
+  }
+  if (named("JetStreamNotEnabled")) {
+    return make("retryable", "jetstream_not_enabled", "JetStream is not enabled");
+  }
+  return make("retryable", "publish_failed", "the publish failed");
+}
+
+function causeChain(error: unknown): Error[] {
+  const chain: Error[] = [];
+  let current: unknown = error;
+  while (current instanceof Error && chain.length < 8 && !chain.includes(current)) {
+    chain.push(current);
+    current = current.cause;
+  }
+  return chain;
+}
+
+function numberField(error: Error, field: string): number | undefined {
+  try {
+    const value = (error as unknown as Record<string, unknown>)[field];
+    return typeof value === "number" ? value : undefined;
+  } catch {
+    return undefined;
+  }
+}
