@@ -221,3 +221,10 @@ Deno.test("toIsoTimestamp reads SQL text forms", () => {
   assert.equal(toIsoTimestamp("2026-01-02 03:04:05.123456+00"), "2026-01-02T03:04:05.123Z");
   assert.equal(toIsoTimestamp("2026-01-02T03:04:05Z"), "2026-01-02T03:04:05.000Z");
 });
+
+Deno.test("src/version.ts matches deno.json", async () => {
+  const { packageName, packageVersion } = await import("../src/version.ts");
+  const config = JSON.parse(await Deno.readTextFile(new URL("../deno.json", import.meta.url)));
+  assert.equal(packageName, config.name);
+  assert.equal(packageVersion, config.version);
+});

@@ -8,8 +8,20 @@ import { OutboxDuplicateIdentityError } from "./errors.ts";
 import type { OutboxRecord } from "./types.ts";
 
 /**
+ * Headers that describe the request that enqueued a message rather than the message: W3C trace
+ * context. They are stored and published, but a retried enqueue from another trace is still the
+ * same message.
+ */
+const contextHeaders = new Set(["traceparent", "tracestate"]);
+
+function contentHeaders(headers: Record<string, string>): string[] {
+  return Object.keys(headers).filter((key) => !contextHeaders.has(key.toLowerCase()));
+}
+
+/**
  * Whether two records have the same immutable content (kind, name, subject, payload and
- * headers; header order does not matter).
+ * headers; header order does not matter, and the trace-context headers `traceparent` and
+ * `tracestate` are not content).
  *
  * @example
  * ```ts
@@ -24,8 +36,8 @@ export function sameOutboxContent(a: OutboxRecord, b: OutboxRecord): boolean {
   ) {
     return false;
   }
-  const keys = Object.keys(a.headers);
-  if (keys.length !== Object.keys(b.headers).length) return false;
+  const keys = contentHeaders(a.headers);
+  if (keys.length !== contentHeaders(b.headers).length) return false;
   return keys.every((key) => Object.hasOwn(b.headers, key) && b.headers[key] === a.headers[key]);
 }
 

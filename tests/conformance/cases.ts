@@ -137,6 +137,30 @@ export const conformanceCases: readonly ConformanceCase[] = [
     },
   },
   {
+    name: "trace context headers are not part of a message's identity",
+    async run({ outbox }) {
+      const base = record({ id: "traced-1" });
+      const traced = (parent: string) => ({
+        ...base,
+        headers: { "X-A": "1", traceparent: parent },
+      });
+      const first = await outbox.enqueue(
+        traced("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+      );
+      const retry = await outbox.enqueue(
+        traced("00-1bf7651916cd43dd8448eb211c80319c-c7ad6b7169203331-01"),
+      );
+      assert.equal(retry.headers.traceparent, first.headers.traceparent, "the first one is kept");
+      await assert.rejects(
+        outbox.enqueue({
+          ...traced("00-1bf7651916cd43dd8448eb211c80319c-c7ad6b7169203331-01"),
+          headers: { "X-A": "2" },
+        }),
+        { name: "OutboxDuplicateIdentityError" },
+      );
+    },
+  },
+  {
     name: "invalid records are rejected with OutboxValidationError and nothing is stored",
     async run({ outbox }) {
       const base = record();

@@ -1,0 +1,531 @@
+/**
+ * OpenTelemetry traces and metrics for the outbox, the dispatcher and the inbox consumer,
+ * through `@opentelemetry/api` only: everything is a no-op until the application installs an
+ * SDK (or runs Deno with `OTEL_DENO=true`, whose built-in exporter picks the API up).
+ *
+ * @module
+ */
+
+import {
+  type Attributes,
+  type Context,
+  context,
+  type Counter,
+  type Histogram,
+  type Meter,
+  type MeterProvider,
+  metrics,
+  ROOT_CONTEXT,
+  type Span,
+  SpanKind,
+  SpanStatusCode,
+  trace,
+  type Tracer,
+  type TracerProvider,
+} from "@opentelemetry/api";
+import { errorMessage, OutboxPublishError } from "../core/errors.ts";
+import type {
+  OutboxAdmin,
+  OutboxDeliveryOptions,
+  OutboxMessage,
+  OutboxPublishReceipt,
+  OutboxRecord,
+  OutboxRepository,
+  OutboxRuntime,
+  OutboxStats,
+  PreparedEvent,
+} from "../core/types.ts";
+import type {
+  DeadInfo,
+  DispatchedInfo,
+  FailedInfo,
+  OutboxDispatchHooks,
+} from "../dispatch/dispatch_outbox.ts";
+import { packageName, packageVersion } from "../version.ts";
+import { extractTraceContext, injectTraceContext } from "./trace_context.ts";
+
+/**
+ * Options for {@linkcode OutboxTelemetry}.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxTelemetryOptions } from "@outbox/nats/telemetry";
+ * const options: OutboxTelemetryOptions = { publishContext: "parent" };
+ * ```
+ */
+export interface OutboxTelemetryOptions {
+  /**
+   * Where spans go: an OpenTelemetry `TracerProvider` (typed structurally so this package's
+   * API does not depend on the SDK's types). @default {the global tracer provider}
+   */
+  tracerProvider?: { getTracer(name: string, version?: string): unknown };
+  /** Where metrics go: an OpenTelemetry `MeterProvider`. @default {the global meter provider} */
+  meterProvider?: { getMeter(name: string, version?: string): unknown };
+  /**
+   * How the publish span relates to the context stored at enqueue: `"link"` starts a new trace
+   * linked to it (dispatch can happen long after the request ended), `"parent"` continues it.
+   *
+   * @default {"link"}
+   */
+  publishContext?: "link" | "parent";
+  /** `messaging.system` attribute. @default {"nats"} */
+  messagingSystem?: string;
+}
+
+/**
+ * Where an error happened, with the reference's low-cardinality attributes. No ids.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxErrorAttributes } from "@outbox/nats/telemetry";
+ * const where: OutboxErrorAttributes = {
+ *   surface: "outbox", direction: "dispatcher", operation: "order.created", phase: "publish",
+ * };
+ * ```
+ */
+export interface OutboxErrorAttributes {
+  /** `outbox` or `inbox`. */
+  surface: "outbox" | "inbox";
+  /** `producer` (enqueue), `dispatcher` or `consumer`. */
+  direction: "producer" | "dispatcher" | "consumer";
+  /** The message name (event or job name), a bounded set. */
+  operation: string;
+  /** `enqueue`, `publish`, `job.dispatch`, `dispatch` or `process`. */
+  phase: string;
+}
+
+/**
+ * A backlog observation, from {@linkcode OutboxTelemetry.observeBacklog}.
+ *
+ * @example
+ * ```ts ignore
+ * const observation = telemetry.observeBacklog(outbox, { store: "postgres" });
+ * await observation.refresh();
+ * observation.stop();
+ * ```
+ */
+export interface BacklogObservation extends Disposable {
+  /** Samples `stats()` now (also done every `intervalMs`). */
+  refresh(): Promise<void>;
+  /** Stops sampling and reporting. */
+  stop(): void;
+}
+
+/**
+ * Instruments an outbox: producer spans at enqueue that store their context in the record
+ * headers, publish spans and latency at dispatch, counters for every outcome, time spent in the
+ * outbox, backlog gauges, and process spans for the inbox consumer.
+ *
+ * Metric names: `outbox.messages.dispatched`, `outbox.messages.failed`, `outbox.messages.dead`,
+ * `outbox.messages.duplicate_acks` (counters); `outbox.publish.duration` and
+ * `outbox.message.time_in_outbox` (histograms, seconds); `outbox.messages.due` and
+ * `outbox.oldest_due.age` (observable gauges, seconds); `inbox.messages.duplicates`,
+ * `inbox.messages.processed`; `outbox.errors` with `surface`, `direction`, `operation`, `phase`,
+ * `messaging.system` and `error.type`.
+ *
+ * @example
+ * ```ts
+ * import { MemoryOutboxRepository, OutboxDispatcher } from "@outbox/nats";
+ * import { OutboxTelemetry } from "@outbox/nats/telemetry";
+ *
+ * const telemetry = new OutboxTelemetry();
+ * const outbox = telemetry.instrumentOutbox(new MemoryOutboxRepository());
+ * const runtime = telemetry.instrumentRuntime({ publishPreparedEvent: () => Promise.resolve() });
+ * const dispatcher = new OutboxDispatcher(outbox, runtime, { ...telemetry.hooks });
+ * await dispatcher.stop();
+ * ```
+ */
+export class OutboxTelemetry {
+  /** Dispatcher hooks that count outcomes and time in outbox; spread into the options. */
+  readonly hooks: Required<OutboxDispatchHooks>;
+  #tracer: Tracer;
+  #meter: Meter;
+  #mode: "link" | "parent";
+  #system: string;
+  #dispatched: Counter;
+  #failed: Counter;
+  #dead: Counter;
+  #duplicateAcks: Counter;
+  #errors: Counter;
+  #publishDuration: Histogram;
+  #timeInOutbox: Histogram;
+  #inboxDuplicates: Counter;
+  #inboxProcessed: Counter;
+  #backlog = new Map<string, OutboxStats>();
+  #gaugesRegistered = false;
+
+  /** Creates the instruments (no-ops without an SDK). */
+  constructor(options: OutboxTelemetryOptions = {}) {
+    this.#tracer = ((options.tracerProvider ?? trace.getTracerProvider()) as TracerProvider)
+      .getTracer(packageName, packageVersion);
+    this.#meter = ((options.meterProvider ?? metrics.getMeterProvider()) as MeterProvider)
+      .getMeter(packageName, packageVersion);
+    this.#mode = options.publishContext ?? "link";
+    this.#system = options.messagingSystem ?? "nats";
+    const m = this.#meter;
+    this.#dispatched = m.createCounter("outbox.messages.dispatched", {
+      description: "Messages delivered (including re-publishes the broker absorbed as duplicates)",
+    });
+    this.#failed = m.createCounter("outbox.messages.failed", {
+      description: "Failed delivery attempts with a retry scheduled",
+    });
+    this.#dead = m.createCounter("outbox.messages.dead", {
+      description: "Messages moved to dead (attempts exhausted or permanently undeliverable)",
+    });
+    this.#duplicateAcks = m.createCounter("outbox.messages.duplicate_acks", {
+      description: "PubAcks with duplicate=true: the stream already had the message id",
+    });
+    this.#errors = m.createCounter("outbox.errors", {
+      description: "Errors by surface, direction, operation and phase",
+    });
+    this.#publishDuration = m.createHistogram("outbox.publish.duration", {
+      description: "Time from publish to broker acknowledgement",
+      unit: "s",
+    });
+    this.#timeInOutbox = m.createHistogram("outbox.message.time_in_outbox", {
+      description: "Time from enqueue to broker acknowledgement",
+      unit: "s",
+    });
+    this.#inboxDuplicates = m.createCounter("inbox.messages.duplicates", {
+      description: "Deliveries suppressed by the inbox (already processed)",
+    });
+    this.#inboxProcessed = m.createCounter("inbox.messages.processed", {
+      description: "Messages the inbox consumer processed",
+    });
+    this.hooks = {
+      onDispatched: (message, info) => this.#onDispatched(message, info),
+      onFailed: (message, info) => this.#onFailed(message, info),
+      onDead: (message, info) => this.#onDead(message, info),
+    };
+  }
+
+  /**
+   * Wraps a repository so `enqueue` and `enqueueMany` run in a producer span (`create <name>`)
+   * whose context is stored in the record headers (`traceparent`, `tracestate`). Other methods
+   * pass through. Wrap the transaction-bound repository you enqueue with.
+   *
+   * @example
+   * ```ts
+   * import { MemoryOutboxRepository } from "@outbox/nats";
+   * import { OutboxTelemetry } from "@outbox/nats/telemetry";
+   * const outbox = new OutboxTelemetry().instrumentOutbox(new MemoryOutboxRepository());
+   * ```
+   */
+  instrumentOutbox<R extends OutboxRepository>(repository: R): R {
+    const enqueue = (record: OutboxRecord) =>
+      this.#produce([record], (records) => repository.enqueue(records[0]));
+    const enqueueMany = (records: readonly OutboxRecord[]) =>
+      records.length === 0
+        ? repository.enqueueMany(records)
+        : this.#produce(records, (traced) => repository.enqueueMany(traced));
+    return new Proxy(repository, {
+      get(target, property) {
+        if (property === "enqueue") return enqueue;
+        if (property === "enqueueMany") return enqueueMany;
+        const value = Reflect.get(target, property, target);
+        return typeof value === "function" ? value.bind(target) : value;
+      },
+    });
+  }
+
+  /**
+   * Wraps a runtime so every publish runs in a `publish <name>` span (kind producer) that links
+   * to, or continues, the context stored at enqueue; records publish latency and errors. The
+   * published headers keep the stored context, so consumers continue the enqueue's trace.
+   *
+   * @example
+   * ```ts
+   * import { OutboxTelemetry } from "@outbox/nats/telemetry";
+   * const runtime = new OutboxTelemetry().instrumentRuntime({
+   *   publishPreparedEvent: () => Promise.resolve(),
+   * });
+   * ```
+   */
+  instrumentRuntime(runtime: OutboxRuntime): OutboxRuntime {
+    const instrumented: OutboxRuntime = {
+      publishPreparedEvent: (event, options) => this.#publish(runtime, event, options),
+    };
+    if (runtime.dispatchJobSubmission) {
+      const dispatchJob = runtime.dispatchJobSubmission.bind(runtime);
+      instrumented.dispatchJobSubmission = (message, options) =>
+        this.#span(
+          `send ${message.name}`,
+          message.headers,
+          message.name,
+          "job.dispatch",
+          () => dispatchJob(message, options),
+        );
+    }
+    if (runtime.probe) instrumented.probe = runtime.probe.bind(runtime);
+    return instrumented;
+  }
+
+  /**
+   * Reports `outbox.messages.due` and `outbox.oldest_due.age` for `store`, sampled from
+   * `stats()` every `intervalMs` (not per publish). Call `stop()` when done.
+   *
+   * @example
+   * ```ts
+   * import { MemoryOutboxRepository } from "@outbox/nats";
+   * import { OutboxTelemetry } from "@outbox/nats/telemetry";
+   * const observation = new OutboxTelemetry().observeBacklog(new MemoryOutboxRepository(), {
+   *   store: "memory",
+   * });
+   * observation.stop();
+   * ```
+   */
+  observeBacklog(
+    store: Pick<OutboxAdmin, "stats">,
+    options: { store: string; intervalMs?: number; onError?: (error: unknown) => void },
+  ): BacklogObservation {
+    this.#registerGauges();
+    const key = options.store;
+    let stopped = false;
+    const refresh = async () => {
+      try {
+        const stats = await store.stats();
+        if (!stopped) this.#backlog.set(key, stats);
+      } catch (error) {
+        options.onError?.(error);
+      }
+    };
+    void refresh();
+    const timer = setInterval(() => void refresh(), options.intervalMs ?? 15_000);
+    const stop = () => {
+      stopped = true;
+      clearInterval(timer);
+      this.#backlog.delete(key);
+    };
+    return { refresh, stop, [Symbol.dispose]: stop };
+  }
+
+  /**
+   * Options for `consumeWithInbox`: a `process <subject>` span (kind consumer) per message that
+   * continues the trace from the message headers, and counters for processed and suppressed
+   * duplicates. Spread them into the consumer options.
+   *
+   * @example
+   * ```ts ignore
+   * const running = await consumeWithInbox(consumer, { ...options, ...telemetry.inboxHooks() });
+   * ```
+   */
+  inboxHooks<
+    M extends {
+      subject?: string;
+      headers?: { get(key: string): string } | undefined;
+      info: { stream: string };
+    },
+  >(): {
+    around: (message: M, process: () => Promise<void>) => Promise<void>;
+    onDuplicate: (message: M, messageId: string) => void;
+  } {
+    return {
+      around: (message, process) => {
+        const parent = extractTraceContext(message.headers, ROOT_CONTEXT) as Context;
+        const span = this.#tracer.startSpan(`process ${message.subject ?? message.info.stream}`, {
+          kind: SpanKind.CONSUMER,
+          attributes: {
+            "messaging.system": this.#system,
+            "messaging.operation.type": "process",
+            "messaging.destination.name": message.subject ?? "",
+            "messaging.nats.stream": message.info.stream,
+          },
+        }, parent);
+        return context.with(trace.setSpan(parent, span), async () => {
+          try {
+            await process();
+            this.#inboxProcessed.add(1, { "messaging.system": this.#system });
+          } catch (error) {
+            fail(span, error);
+            throw error;
+          } finally {
+            span.end();
+          }
+        });
+      },
+      onDuplicate: () => {
+        this.#inboxDuplicates.add(1, { "messaging.system": this.#system });
+        trace.getActiveSpan()?.setAttribute("inbox.duplicate", true);
+      },
+    };
+  }
+
+  /** Counts an error with the reference's attributes (also used by the hooks). */
+  recordError(error: unknown, where: OutboxErrorAttributes): void {
+    this.#errors.add(1, {
+      ...where,
+      "messaging.system": this.#system,
+      "error.type": errorType(error),
+    });
+  }
+
+  async #produce<T>(
+    records: readonly OutboxRecord[],
+    store: (records: OutboxRecord[]) => Promise<T>,
+  ): Promise<T> {
+    const name = records.length === 1 ? records[0].name : "batch";
+    const span = this.#tracer.startSpan(`create ${name}`, {
+      kind: SpanKind.PRODUCER,
+      attributes: {
+        "messaging.system": this.#system,
+        "messaging.operation.type": "create",
+        "messaging.batch.message_count": records.length,
+        ...(records.length === 1
+          ? {
+            "messaging.destination.name": records[0].subject,
+            "messaging.message.id": records[0].id,
+          }
+          : {}),
+      },
+    });
+    const ctx = trace.setSpan(context.active(), span);
+    try {
+      const traced = records.map((record) => ({
+        ...record,
+        headers: injectTraceContext(record.headers ?? {}, ctx),
+      }));
+      return await context.with(ctx, () => store(traced));
+    } catch (error) {
+      fail(span, error);
+      this.recordError(error, {
+        surface: "outbox",
+        direction: "producer",
+        operation: name,
+        phase: "enqueue",
+      });
+      throw error;
+    } finally {
+      span.end();
+    }
+  }
+
+  async #publish(
+    runtime: OutboxRuntime,
+    event: PreparedEvent,
+    options: OutboxDeliveryOptions | undefined,
+  ): Promise<void | OutboxPublishReceipt> {
+    const started = performance.now();
+    let outcome = "ok";
+    try {
+      const receipt = await this.#span(
+        `publish ${event.event}`,
+        event.headers,
+        event.event,
+        "publish",
+        () => runtime.publishPreparedEvent(event, options),
+        { "messaging.destination.name": event.subject, "messaging.message.id": event.header.id },
+      );
+      if (receipt?.duplicate) outcome = "duplicate";
+      return receipt;
+    } catch (error) {
+      outcome = "error";
+      throw error;
+    } finally {
+      this.#publishDuration.record((performance.now() - started) / 1000, {
+        "messaging.system": this.#system,
+        outcome,
+      });
+    }
+  }
+
+  async #span<T>(
+    name: string,
+    headers: Record<string, string>,
+    operation: string,
+    phase: string,
+    work: () => Promise<T>,
+    attributes: Attributes = {},
+  ): Promise<T> {
+    const stored = extractTraceContext(headers, ROOT_CONTEXT) as Context;
+    const storedSpan = trace.getSpanContext(stored);
+    const parent: Context = this.#mode === "parent" ? stored : ROOT_CONTEXT;
+    const span: Span = this.#tracer.startSpan(name, {
+      kind: SpanKind.PRODUCER,
+      attributes: {
+        "messaging.system": this.#system,
+        "messaging.operation.type": "send",
+        ...attributes,
+      },
+      links: this.#mode === "link" && storedSpan ? [{ context: storedSpan }] : [],
+    }, parent);
+    try {
+      const result = await context.with(trace.setSpan(parent, span), work);
+      if ((result as OutboxPublishReceipt | undefined)?.duplicate) {
+        span.setAttribute("outbox.duplicate", true);
+      }
+      return result;
+    } catch (error) {
+      fail(span, error);
+      this.recordError(error, { surface: "outbox", direction: "dispatcher", operation, phase });
+      throw error;
+    } finally {
+      span.end();
+    }
+  }
+
+  #onDispatched(message: OutboxMessage, info: DispatchedInfo): void {
+    const attributes = { "messaging.system": this.#system, "outbox.kind": message.kind };
+    this.#dispatched.add(1, attributes);
+    if (info.duplicate) this.#duplicateAcks.add(1, attributes);
+    const created = Date.parse(message.createdAt);
+    if (Number.isFinite(created)) {
+      this.#timeInOutbox.record(Math.max(0, Date.now() - created) / 1000, attributes);
+    }
+  }
+
+  #onFailed(message: OutboxMessage, info: FailedInfo): void {
+    this.#failed.add(1, {
+      "messaging.system": this.#system,
+      "outbox.kind": message.kind,
+      "error.type": errorType(info.error),
+    });
+  }
+
+  #onDead(message: OutboxMessage, info: DeadInfo): void {
+    this.#dead.add(1, {
+      "messaging.system": this.#system,
+      "outbox.kind": message.kind,
+      "error.type": errorType(info.error),
+    });
+    this.recordError(info.error, {
+      surface: "outbox",
+      direction: "dispatcher",
+      operation: message.name,
+      phase: "dispatch",
+    });
+  }
+
+  #registerGauges(): void {
+    if (this.#gaugesRegistered) return;
+    this.#gaugesRegistered = true;
+    const due = this.#meter.createObservableGauge("outbox.messages.due", {
+      description: "Messages due for dispatch, sampled from stats()",
+    });
+    const age = this.#meter.createObservableGauge("outbox.oldest_due.age", {
+      description: "Age of the oldest due message, sampled from stats()",
+      unit: "s",
+    });
+    due.addCallback((result) => {
+      for (const [store, stats] of this.#backlog) {
+        result.observe(stats.due, { "outbox.store": store });
+      }
+    });
+    age.addCallback((result) => {
+      for (const [store, stats] of this.#backlog) {
+        result.observe((stats.oldestDueAgeMs ?? 0) / 1000, { "outbox.store": store });
+      }
+    });
+  }
+}
+
+function fail(span: Span, error: unknown): void {
+  span.recordException(error instanceof Error ? error : new Error(errorMessage(error)));
+  span.setStatus({ code: SpanStatusCode.ERROR, message: errorMessage(error) });
+}
+
+/** A bounded error class for metrics: the publish error code, else the error's name. */
+function errorType(error: unknown): string {
+  if (error instanceof OutboxPublishError) return error.code;
+  if (error instanceof Error) return error.name || "Error";
+  return "unknown";
+}

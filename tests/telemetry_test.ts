@@ -1,0 +1,308 @@
+/**
+ * OpenTelemetry: one trace from an enqueue in a request span to the publish and to the inbox
+ * handler, on real JetStream; metric values after a run with failures and a dead message. The
+ * SDK (in-memory exporters) is a test-only dependency.
+ */
+
+import assert from "node:assert/strict";
+import { context, propagation, type Span, SpanKind, trace } from "@opentelemetry/api";
+import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
+import { W3CTraceContextPropagator } from "@opentelemetry/core";
+import {
+  BasicTracerProvider,
+  InMemorySpanExporter,
+  type ReadableSpan,
+  SimpleSpanProcessor,
+} from "@opentelemetry/sdk-trace-base";
+import {
+  AggregationTemporality,
+  type DataPoint,
+  MeterProvider,
+  MetricReader,
+  type ResourceMetrics,
+} from "@opentelemetry/sdk-metrics";
+import { AckPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
+import {
+  consumeWithInbox,
+  createJetStreamRuntime,
+  MemoryInboxRepository,
+  MemoryOutboxRepository,
+  OutboxDispatcher,
+  OutboxPublishError,
+  type OutboxRuntime,
+} from "../mod.ts";
+import { injectTraceContext, OutboxTelemetry } from "../telemetry.ts";
+import { connectNats, createTestStream } from "./kit/mod.ts";
+
+class TestReader extends MetricReader {
+  constructor() {
+    super({ aggregationTemporalitySelector: () => AggregationTemporality.CUMULATIVE });
+  }
+  protected onForceFlush(): Promise<void> {
+    return Promise.resolve();
+  }
+  protected onShutdown(): Promise<void> {
+    return Promise.resolve();
+  }
+}
+
+function withOtel(): {
+  spans: InMemorySpanExporter;
+  tracerProvider: BasicTracerProvider;
+  reader: TestReader;
+  meterProvider: MeterProvider;
+} & AsyncDisposable {
+  const manager = new AsyncLocalStorageContextManager().enable();
+  context.setGlobalContextManager(manager);
+  propagation.setGlobalPropagator(new W3CTraceContextPropagator());
+  const spans = new InMemorySpanExporter();
+  const tracerProvider = new BasicTracerProvider({
+    spanProcessors: [new SimpleSpanProcessor(spans)],
+  });
+  const reader = new TestReader();
+  const meterProvider = new MeterProvider({ readers: [reader] });
+  return {
+    spans,
+    tracerProvider,
+    reader,
+    meterProvider,
+    async [Symbol.asyncDispose]() {
+      // The in-memory exporter reports each export on a 0 ms timer: let those fire.
+      await new Promise((resolve) => setTimeout(resolve, 1));
+      await meterProvider.shutdown();
+      await tracerProvider.shutdown();
+      context.disable();
+      propagation.disable();
+    },
+  };
+}
+
+function byName(spans: ReadableSpan[], prefix: string): ReadableSpan {
+  const span = spans.find((s) => s.name.startsWith(prefix));
+  assert.ok(span, `a span named ${prefix}... among ${spans.map((s) => s.name).join(", ")}`);
+  return span;
+}
+
+async function metricPoints(reader: TestReader): Promise<Map<string, DataPoint<unknown>[]>> {
+  const { resourceMetrics } = await reader.collect() as { resourceMetrics: ResourceMetrics };
+  const out = new Map<string, DataPoint<unknown>[]>();
+  for (const scope of resourceMetrics.scopeMetrics) {
+    for (const metric of scope.metrics) {
+      out.set(metric.descriptor.name, metric.dataPoints as DataPoint<unknown>[]);
+    }
+  }
+  return out;
+}
+
+function sum(points: DataPoint<unknown>[] | undefined, filter: Record<string, string> = {}) {
+  return (points ?? [])
+    .filter((p) => Object.entries(filter).every(([k, v]) => p.attributes[k] === v))
+    .reduce((total, p) => total + (p.value as number), 0);
+}
+
+for (const mode of ["parent", "link"] as const) {
+  Deno.test(`one trace from a request's enqueue to the inbox handler (publish span: ${mode})`, async () => {
+    await using otel = withOtel();
+    const nc = await connectNats();
+    await using stream = await createTestStream(nc);
+    try {
+      const jsm = await jetstreamManager(nc);
+      await jsm.consumers.add(stream.name, { durable_name: "c", ack_policy: AckPolicy.Explicit });
+      const js = jetstream(nc);
+      const telemetry = new OutboxTelemetry({
+        tracerProvider: otel.tracerProvider,
+        meterProvider: otel.meterProvider,
+        publishContext: mode,
+      });
+      const tracer = otel.tracerProvider.getTracer("app");
+      const outbox = telemetry.instrumentOutbox(new MemoryOutboxRepository());
+      // The request: its span is active while the service enqueues.
+      let requestSpan!: Span;
+      await tracer.startActiveSpan("POST /orders", async (span) => {
+        requestSpan = span;
+        await outbox.enqueue({
+          id: `order-${mode}`,
+          kind: "event.publish",
+          name: "order.created",
+          subject: `${stream.prefix}.orders`,
+          payload: "{}",
+          headers: {},
+        });
+        span.end();
+      });
+      const stored = await outbox.get(`order-${mode}`);
+      assert.match(stored?.headers.traceparent ?? "", /^00-[0-9a-f]{32}-[0-9a-f]{16}-01$/);
+
+      const dispatcher = new OutboxDispatcher(
+        outbox,
+        telemetry.instrumentRuntime(createJetStreamRuntime(js)),
+        { ...telemetry.hooks, idleRetryMs: false },
+      );
+      await dispatcher.whenIdle();
+      await dispatcher.stop();
+
+      let handlerSpanId: string | undefined;
+      let handled!: () => void;
+      const done = new Promise<void>((r) => handled = r);
+      const running = await consumeWithInbox(await js.consumers.get(stream.name, "c"), {
+        scope: "c",
+        inbox: new MemoryInboxRepository(),
+        ...telemetry.inboxHooks(),
+        handler: () => {
+          handlerSpanId = trace.getActiveSpan()?.spanContext().spanId;
+          handled();
+          return Promise.resolve();
+        },
+      });
+      await done;
+      await running.stop();
+
+      const spans = otel.spans.getFinishedSpans();
+      const request = requestSpan.spanContext();
+      const create = byName(spans, "create order.created");
+      const publish = byName(spans, "publish order.created");
+      const process = byName(spans, `process ${stream.prefix}.orders`);
+      assert.equal(create.kind, SpanKind.PRODUCER);
+      assert.equal(create.spanContext().traceId, request.traceId);
+      assert.equal(create.parentSpanContext?.spanId, request.spanId);
+      assert.equal(process.kind, SpanKind.CONSUMER);
+      assert.equal(process.spanContext().traceId, request.traceId, "the consumer continues it");
+      assert.equal(process.parentSpanContext?.spanId, create.spanContext().spanId);
+      assert.equal(handlerSpanId, process.spanContext().spanId, "the handler runs in it");
+      if (mode === "parent") {
+        assert.equal(publish.spanContext().traceId, request.traceId);
+        assert.equal(publish.parentSpanContext?.spanId, create.spanContext().spanId);
+      } else {
+        assert.notEqual(publish.spanContext().traceId, request.traceId);
+        assert.equal(publish.links.length, 1);
+        assert.equal(publish.links[0].context.spanId, create.spanContext().spanId);
+      }
+      assert.equal(publish.attributes["messaging.system"], "nats");
+      assert.equal(publish.attributes["messaging.destination.name"], `${stream.prefix}.orders`);
+    } finally {
+      await nc.close();
+    }
+  });
+}
+
+Deno.test("metrics after a run with failures, a duplicate and a dead message", async () => {
+  await using otel = withOtel();
+  const telemetry = new OutboxTelemetry({
+    tracerProvider: otel.tracerProvider,
+    meterProvider: otel.meterProvider,
+  });
+  const attempts = new Map<string, number>();
+  const base: OutboxRuntime = {
+    publishPreparedEvent(event) {
+      const n = (attempts.get(event.header.id) ?? 0) + 1;
+      attempts.set(event.header.id, n);
+      if (event.header.id === "flaky" && n === 1) {
+        return Promise.reject(
+          new OutboxPublishError("retryable", "no stream", { code: "no_stream" }),
+        );
+      }
+      if (event.header.id === "too-big") {
+        return Promise.reject(
+          new OutboxPublishError("permanent", "payload too large", { code: "max_payload" }),
+        );
+      }
+      return Promise.resolve({ duplicate: event.header.id === "again", stream: "S", seq: n });
+    },
+  };
+  const outbox = new MemoryOutboxRepository();
+  for (const id of ["ok-1", "ok-2", "flaky", "too-big", "again"]) {
+    await outbox.enqueue({
+      id,
+      kind: "event.publish",
+      name: "e",
+      subject: "a.b",
+      payload: "{}",
+      headers: {},
+    });
+  }
+  let settled = 0;
+  let allSettled!: () => void;
+  const done = new Promise<void>((r) => allSettled = r);
+  const count = () => {
+    if (++settled === 5) allSettled();
+  };
+  const dispatcher = new OutboxDispatcher(outbox, telemetry.instrumentRuntime(base), {
+    ...telemetry.hooks,
+    onDispatched: (message, info) => {
+      telemetry.hooks.onDispatched(message, info);
+      count();
+    },
+    onDead: (message, info) => {
+      telemetry.hooks.onDead(message, info);
+      count();
+    },
+    retry: { baseMs: 1, capMs: 1 },
+  });
+  await done; // four dispatched (one after a retry) and one dead
+  await dispatcher.stop();
+  const observation = telemetry.observeBacklog(outbox, { store: "memory", intervalMs: 60_000 });
+  await observation.refresh();
+  const points = await metricPoints(otel.reader);
+  observation.stop();
+
+  assert.equal(sum(points.get("outbox.messages.dispatched")), 4);
+  assert.equal(sum(points.get("outbox.messages.failed"), { "error.type": "no_stream" }), 1);
+  assert.equal(sum(points.get("outbox.messages.dead"), { "error.type": "max_payload" }), 1);
+  assert.equal(sum(points.get("outbox.messages.duplicate_acks")), 1);
+  assert.equal(
+    sum(points.get("outbox.errors"), {
+      phase: "publish",
+      surface: "outbox",
+      "error.type": "no_stream",
+    }),
+    1,
+  );
+  const publish = points.get("outbox.publish.duration") ?? [];
+  const publishCount = publish.reduce((n, p) => n + (p.value as { count: number }).count, 0);
+  assert.equal(publishCount, 6, "every publish attempt is timed");
+  const inOutbox = points.get("outbox.message.time_in_outbox") ?? [];
+  assert.equal(inOutbox.reduce((n, p) => n + (p.value as { count: number }).count, 0), 4);
+  assert.equal(sum(points.get("outbox.messages.due"), { "outbox.store": "memory" }), 0);
+  for (const [name, series] of points) {
+    for (const point of series) {
+      for (const value of Object.values(point.attributes)) {
+        assert.ok(
+          !["ok-1", "ok-2", "flaky", "too-big", "again"].includes(String(value)),
+          `${name} has no message ids in its attributes`,
+        );
+      }
+    }
+  }
+});
+
+Deno.test("a caller-provided traceparent is kept; a retried enqueue from another trace is the same message", async () => {
+  await using otel = withOtel();
+  const telemetry = new OutboxTelemetry({ tracerProvider: otel.tracerProvider });
+  const outbox = telemetry.instrumentOutbox(new MemoryOutboxRepository());
+  const record = {
+    id: "r-1",
+    kind: "event.publish" as const,
+    name: "e",
+    subject: "a.b",
+    payload: "{}",
+    headers: {},
+  };
+  const tracer = otel.tracerProvider.getTracer("app");
+  const first = await tracer.startActiveSpan("req-1", async (span) => {
+    try {
+      return await outbox.enqueue(record);
+    } finally {
+      span.end();
+    }
+  });
+  const second = await tracer.startActiveSpan("req-2", async (span) => {
+    try {
+      return await outbox.enqueue(record);
+    } finally {
+      span.end();
+    }
+  });
+  assert.equal(second.headers.traceparent, first.headers.traceparent);
+  const chosen = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+  assert.equal(injectTraceContext({ traceparent: chosen }).traceparent, chosen);
+});
