@@ -47,7 +47,8 @@ export function decodeOutboxRow(row: SqlRow): OutboxMessage {
     message.lastError = text(row.last_error) ?? fail(`last_error is ${describe(row.last_error)}`);
   }
   if (row.outcome !== null && row.outcome !== undefined) {
-    message.outcome = decodeJson(row.outcome, "outcome", fail);
+    const outcome = decodeJson(row.outcome, "outcome", fail);
+    message.outcome = typeof outcome === "string" ? unwrapStructuredJsonText(outcome) : outcome;
   }
   return message;
 }
@@ -116,7 +117,7 @@ function text(value: unknown): string | undefined {
 }
 
 function decodeHeaders(value: unknown, fail: (reason: string) => never): Record<string, string> {
-  const parsed = decodeJson(value, "headers", fail);
+  const parsed = unwrapJsonText(decodeJson(value, "headers", fail), fail);
   if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
     return fail("headers is not a JSON object");
   }
@@ -126,6 +127,31 @@ function decodeHeaders(value: unknown, fail: (reason: string) => never): Record<
     headers[key] = entry;
   }
   return headers;
+}
+
+/**
+ * The reference, run on postgres.js, stored JSON text INTO jsonb as a string scalar (the driver
+ * JSON-encodes parameters typed json/jsonb, and the reference passed text). Such a headers value
+ * is a string holding the JSON object: decode it once more.
+ */
+function unwrapJsonText(value: JsonValue, fail: (reason: string) => never): JsonValue {
+  if (typeof value !== "string") return value;
+  try {
+    return JSON.parse(value) as JsonValue;
+  } catch {
+    return fail("headers is not a JSON object");
+  }
+}
+
+/** An outcome string that holds a JSON object or array is the reference's double encoding. */
+function unwrapStructuredJsonText(value: string): JsonValue {
+  const first = value.trimStart()[0];
+  if (first !== "{" && first !== "[") return value;
+  try {
+    return JSON.parse(value) as JsonValue;
+  } catch {
+    return value;
+  }
 }
 
 function decodeJson(
