@@ -80,6 +80,10 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
       : insert;
   const due =
     `${activeStatesSql} AND (next_attempt_at IS NULL OR next_attempt_at <= $1::timestamptz)`;
+  // markMany: the fence is written `state || '' = 'claimed'` on purpose. A plain `state =
+  // 'claimed'` lets the planner prove the partial claim index usable and, misled by its estimate
+  // of claimed rows, scan every active row for a hash join; the batch must instead probe the
+  // primary key once per mark (checked with EXPLAIN in tests/sql_claim_plan_test.ts).
   const prune = (state: "dispatched" | "dead") =>
     `WITH gone AS (DELETE FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND id IN (SELECT id FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz LIMIT $2::int) RETURNING 1) SELECT count(*) AS n FROM gone`;
   return {
@@ -98,7 +102,7 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     deadCorrupt:
       `UPDATE ${o} SET state = 'dead', next_attempt_at = NULL, last_error = $3, updated_at = $4::timestamptz WHERE seq = $1::bigint AND state = 'claimed' AND next_attempt_at = $2::timestamptz`,
     markMany:
-      `UPDATE ${o} AS t SET state = m.state, updated_at = $2::timestamptz, next_attempt_at = m.next, last_error = CASE WHEN m.state = 'dispatched' THEN NULL ELSE m.error END, outcome = CASE WHEN m.outcome IS NULL THEN t.outcome ELSE m.outcome::jsonb END FROM json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, state text, error text, next timestamptz, outcome text) WHERE t.id = m.id AND t.state = 'claimed' AND t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) RETURNING t.id`,
+      `UPDATE ${o} AS t SET state = m.state, updated_at = $2::timestamptz, next_attempt_at = m.next, last_error = CASE WHEN m.state = 'dispatched' THEN NULL ELSE m.error END, outcome = CASE WHEN m.outcome IS NULL THEN t.outcome ELSE m.outcome::jsonb END FROM json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, state text, error text, next timestamptz, outcome text) WHERE t.id = m.id AND t.state || '' = 'claimed' AND t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) RETURNING t.id`,
     requeue:
       `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = $2::timestamptz WHERE state = 'dead' AND id IN (SELECT json_array_elements_text($1::text::json)) RETURNING id`,
     listDead:
