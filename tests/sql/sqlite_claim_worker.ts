@@ -1,3 +1,6 @@
+/// <reference no-default-lib="true" />
+/// <reference lib="deno.worker" />
+
 /**
  * A claimer in its own thread with its own SQLite connection (for the concurrent-claim test):
  * claims until nothing is due, settles what it claimed, and reports the ids.
