@@ -42,6 +42,8 @@ export interface OutboxStatements {
   count: Readonly<Record<"dispatched" | "dead", string>>;
   /** $1 consumer, $2 message id, $3 now */
   inboxRecord: string;
+  /** $1 consumer, $2 message id */
+  inboxHas: string;
   /** $1 cutoff, $2 batch size */
   inboxPrune: string;
 }
@@ -117,6 +119,7 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     },
     inboxRecord:
       `INSERT INTO ${t.inbox} (consumer, message_id, received_at) VALUES ($1, $2, $3::timestamptz) ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id`,
+    inboxHas: `SELECT 1 AS found FROM ${t.inbox} WHERE consumer = $1 AND message_id = $2`,
     inboxPrune:
       `WITH gone AS (DELETE FROM ${t.inbox} WHERE (consumer, message_id) IN (SELECT consumer, message_id FROM ${t.inbox} WHERE received_at < $1::timestamptz LIMIT $2::int) RETURNING 1) SELECT count(*) AS n FROM gone`,
   };
@@ -179,6 +182,7 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
     },
     inboxRecord:
       `INSERT INTO ${t.inbox} (consumer, message_id, received_at) VALUES (?1, ?2, ?3) ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id`,
+    inboxHas: `SELECT 1 AS found FROM ${t.inbox} WHERE consumer = ?1 AND message_id = ?2`,
     inboxPrune:
       `DELETE FROM ${t.inbox} WHERE rowid IN (SELECT rowid FROM ${t.inbox} WHERE received_at < ?1 LIMIT ?2) RETURNING 1 AS n`,
   };

@@ -78,6 +78,17 @@ export class SqlInboxRepository implements InboxRepository, InboxAdmin {
     return rows.length === 1;
   }
 
+  /**
+   * Whether `messageId` is recorded for the consumer scope (default `""`). With a SQL inbox,
+   * prefer `record()` inside the handler's transaction; `has()` serves integrations that check
+   * first.
+   */
+  async has(messageId: string, options?: InboxRecordOptions): Promise<boolean> {
+    const { consumer } = resolveInboxRecordOptions(messageId, options);
+    const rows = await this.executor.query(this.#sql.inboxHas, [consumer, messageId]);
+    return rows.length > 0;
+  }
+
   /** Forgets ids received before `receivedBefore`, `batchSize` per statement; returns the count. */
   async prune(options: InboxPruneOptions): Promise<number> {
     const batchSize = checkedBatchSize(options.batchSize);
