@@ -370,8 +370,10 @@ export function betterSqlite3Executor(db: BetterSqlite3Database): SqlExecutor {
   const executor: SqlExecutor = {
     query(sql, params) {
       try {
-        const statement = cachedStatement(db, sql);
-        const values = sqliteParams(params);
+        // better-sqlite3 treats numbered parameters (?1) as named ones: bind positionally.
+        const { text, order } = positionalParameters(sql);
+        const statement = cachedStatement(db, text);
+        const values = sqliteParams(order ? order.map((n) => params[n - 1]) : params);
         if (statement.reader) return Promise.resolve(statement.all(...values) as SqlRow[]);
         statement.run(...values);
         return Promise.resolve([]);
@@ -384,6 +386,45 @@ export function betterSqlite3Executor(db: BetterSqlite3Database): SqlExecutor {
     },
   };
   return executor;
+}
+
+const rewritten = new Map<string, { text: string; order?: number[] }>();
+
+/**
+ * Rewrites `?NNN` parameters to plain `?` and returns which parameter each one takes (string
+ * literals and quoted identifiers are skipped). Cached per SQL text.
+ */
+function positionalParameters(sql: string): { text: string; order?: number[] } {
+  let result = rewritten.get(sql);
+  if (result) return result;
+  if (!/\?\d/.test(sql)) {
+    result = { text: sql };
+  } else {
+    const order: number[] = [];
+    let text = "";
+    let quote: string | undefined;
+    for (let i = 0; i < sql.length; i++) {
+      const char = sql[i];
+      if (quote) {
+        text += char;
+        if (char === quote) quote = undefined;
+      } else if (char === "'" || char === '"') {
+        quote = char;
+        text += char;
+      } else if (char === "?" && /\d/.test(sql[i + 1] ?? "")) {
+        let digits = "";
+        while (/\d/.test(sql[i + 1] ?? "")) digits += sql[++i];
+        order.push(Number(digits));
+        text += "?";
+      } else {
+        text += char;
+      }
+    }
+    result = { text, order };
+  }
+  if (rewritten.size >= maxCachedStatements) rewritten.delete(rewritten.keys().next().value!);
+  rewritten.set(sql, result);
+  return result;
 }
 
 let savepointCounter = 0;
