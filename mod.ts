@@ -138,3 +138,43 @@ export {
   type JetStreamRuntimeOptions,
 } from "./src/runtime/jetstream.ts";
 export { classifyJetStreamError } from "./src/runtime/jetstream_errors.ts";
+export {
+  defaultSqlOutboxTables,
+  maxSqlTableNameLength,
+  type ResolvedSqlOutboxTables,
+  type SqlDialect,
+  type SqlOutboxTables,
+} from "./src/stores/sql/tables.ts";
+export {
+  type BetterSqlite3Database,
+  betterSqlite3Executor,
+  nodeSqliteExecutor,
+  pgExecutor,
+  type PgQueryable,
+  postgresJsExecutor,
+  type PostgresJsExecutorOptions,
+  type PostgresJsSql,
+  type SqlExecutor,
+  type SqliteDatabase,
+  type SqlRow,
+} from "./src/stores/sql/executors.ts";
+export { createPostgresOutboxSchema, createSqliteOutboxSchema } from "./src/stores/sql/schema.ts";
+export {
+  getSqlOutboxMigrations,
+  migrate,
+  type MigrateOptions,
+  type MigrateResult,
+  OutboxMigrationError,
+  type SqlOutboxMigration,
+  type SqlOutboxMigrationOptions,
+} from "./src/stores/sql/migrations.ts";
+export { SqlOutboxRepository, type SqlOutboxRepositoryOptions } from "./src/stores/sql/outbox.ts";
+export { SqlInboxRepository } from "./src/stores/sql/inbox.ts";
+export { createSqlOutboxAdapter, type SqlOutboxAdapter } from "./src/stores/sql/adapter.ts";
+export {
+  listenForOutboxWakeups,
+  type OutboxWakeupOptions,
+  type OutboxWakeupReason,
+  type OutboxWakeupSubscription,
+  type PostgresJsListener,
+} from "./src/stores/sql/listen.ts";

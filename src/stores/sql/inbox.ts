@@ -1,0 +1,108 @@
+/**
+ * The SQL inbox: processed message ids in a Postgres or SQLite table, recorded in the handler's
+ * own transaction.
+ *
+ * @module
+ */
+
+import { OutboxValidationError } from "../../core/errors.ts";
+import { resolveInboxRecordOptions } from "../../core/inbox.ts";
+import { checkedBatchSize } from "../../core/limits.ts";
+import type {
+  InboxAdmin,
+  InboxPruneOptions,
+  InboxRecordOptions,
+  InboxRepository,
+} from "../../core/types.ts";
+import { integer } from "./decode.ts";
+import { type OutboxStatements, outboxStatements } from "./dialects.ts";
+import type { SqlExecutor } from "./executors.ts";
+import {
+  checkDialect,
+  type ResolvedSqlOutboxTables,
+  resolveSqlOutboxTables,
+  type SqlDialect,
+  type SqlOutboxTables,
+} from "./tables.ts";
+
+/**
+ * An inbox in a Postgres or SQLite table: `record()` inserts `(consumer, messageId)` and is
+ * `true` only for the call that inserted it. Record through an executor bound to the handler's
+ * transaction, so the id commits or rolls back together with the handler's writes. Cheap to
+ * construct (create it per transaction).
+ *
+ * @example
+ * ```ts
+ * import { DatabaseSync } from "node:sqlite";
+ * import { migrate, nodeSqliteExecutor, SqlInboxRepository } from "@outbox/nats";
+ *
+ * const executor = nodeSqliteExecutor(new DatabaseSync(":memory:"));
+ * await migrate(executor, { dialect: "sqlite" });
+ * const inbox = new SqlInboxRepository(executor, "sqlite");
+ * console.log(await inbox.record("evt-1", { consumer: "billing" })); // true
+ * console.log(await inbox.record("evt-1", { consumer: "billing" })); // false: duplicate
+ * ```
+ */
+export class SqlInboxRepository implements InboxRepository, InboxAdmin {
+  /** The executor statements run on. */
+  readonly executor: SqlExecutor;
+  /** The SQL dialect. */
+  readonly dialect: SqlDialect;
+  /** The validated table names. */
+  readonly tables: ResolvedSqlOutboxTables;
+  readonly #sql: OutboxStatements;
+
+  /** Creates the inbox; throws `OutboxValidationError` for a bad dialect or table name. */
+  constructor(
+    executor: SqlExecutor,
+    dialect: SqlDialect,
+    tables: SqlOutboxTables | Partial<SqlOutboxTables> = {},
+  ) {
+    this.dialect = checkDialect(dialect);
+    this.tables = resolveSqlOutboxTables(tables);
+    if (typeof executor?.query !== "function") {
+      throw new OutboxValidationError("executor", "SQL executor must have query(sql, params)");
+    }
+    this.executor = executor;
+    this.#sql = outboxStatements(this.dialect, this.tables, false);
+  }
+
+  /** Records `messageId` for the consumer scope (default `""`); `true` only the first time. */
+  async record(messageId: string, options?: Date | InboxRecordOptions): Promise<boolean> {
+    const { now, consumer } = resolveInboxRecordOptions(messageId, options);
+    const rows = await this.executor.query(this.#sql.inboxRecord, [
+      consumer,
+      messageId,
+      now.toISOString(),
+    ]);
+    return rows.length === 1;
+  }
+
+  /**
+   * Whether `messageId` is recorded for the consumer scope (default `""`). With a SQL inbox,
+   * prefer `record()` inside the handler's transaction; `has()` serves integrations that check
+   * first.
+   */
+  async has(messageId: string, options?: InboxRecordOptions): Promise<boolean> {
+    const { consumer } = resolveInboxRecordOptions(messageId, options);
+    const rows = await this.executor.query(this.#sql.inboxHas, [consumer, messageId]);
+    return rows.length > 0;
+  }
+
+  /** Forgets ids received before `receivedBefore`, `batchSize` per statement; returns the count. */
+  async prune(options: InboxPruneOptions): Promise<number> {
+    const batchSize = checkedBatchSize(options.batchSize);
+    const before = options.receivedBefore;
+    if (!(before instanceof Date) || !Number.isFinite(before.getTime())) {
+      throw new OutboxValidationError("receivedBefore", "receivedBefore must be a valid Date");
+    }
+    const cutoff = before.toISOString();
+    let removed = 0;
+    while (true) {
+      const rows = await this.executor.query(this.#sql.inboxPrune, [cutoff, batchSize]);
+      const deleted = this.dialect === "postgres" ? integer(rows[0]?.n) ?? 0 : rows.length;
+      removed += deleted;
+      if (deleted < batchSize) return removed;
+    }
+  }
+}

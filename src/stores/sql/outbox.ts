@@ -1,0 +1,467 @@
+/**
+ * The SQL outbox: Postgres or SQLite through a caller-owned executor, so enqueues join the
+ * caller's transaction.
+ *
+ * @module
+ */
+
+import {
+  OutboxCorruptRecordError,
+  OutboxStorageConflictError,
+  OutboxValidationError,
+} from "../../core/errors.ts";
+import { assertOutboxIdentity } from "../../core/identity.ts";
+import { checkedBatchSize, checkedLimit } from "../../core/limits.ts";
+import { addMs, defaultLeaseMs, toIsoTimestamp } from "../../core/time.ts";
+import type {
+  JsonValue,
+  OutboxAdmin,
+  OutboxClaim,
+  OutboxClaimOptions,
+  OutboxDeadLetter,
+  OutboxFailure,
+  OutboxListDeadOptions,
+  OutboxMark,
+  OutboxMessage,
+  OutboxPruneOptions,
+  OutboxPruneResult,
+  OutboxRecord,
+  OutboxRepository,
+  OutboxStats,
+} from "../../core/types.ts";
+import { validateOutboxRecord } from "../../core/validate.ts";
+import { decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
+import { type OutboxStatements, outboxStatements } from "./dialects.ts";
+import type { SqlExecutor } from "./executors.ts";
+import {
+  checkDialect,
+  type ResolvedSqlOutboxTables,
+  resolveSqlOutboxTables,
+  type SqlDialect,
+  type SqlOutboxTables,
+} from "./tables.ts";
+
+/**
+ * Options for {@linkcode SqlOutboxRepository}.
+ *
+ * @example
+ * ```ts
+ * import type { SqlOutboxRepositoryOptions } from "@outbox/nats";
+ * const options: SqlOutboxRepositoryOptions = { notify: true };
+ * ```
+ */
+export interface SqlOutboxRepositoryOptions {
+  /**
+   * Postgres only: every enqueue also issues `pg_notify(channel, <outbox table>)` in the same
+   * statement, so the notification is delivered when (and only if) the transaction commits.
+   * `true` uses the outbox table name as the channel; a string names the channel. A dispatcher
+   * can wake on it with `listenForOutboxWakeups`. Turn it off behind PgBouncer in transaction
+   * mode (LISTEN needs a session) and rely on polling.
+   *
+   * @default {false}
+   */
+  notify?: boolean | string;
+}
+
+/**
+ * An outbox in a Postgres or SQLite table, over an executor you own. Enqueue through an
+ * executor bound to your transaction (postgres.js `tx`, a `pg` client inside `BEGIN`, or the
+ * SQLite connection between `BEGIN IMMEDIATE` and `COMMIT`) and the outbox row commits or rolls
+ * back with your business rows. Constructing one is cheap (statement texts are cached), so
+ * create it per transaction.
+ *
+ * Claims are one statement (Postgres: `FOR UPDATE SKIP LOCKED`), FIFO by enqueue order, and
+ * read only rows still to dispatch through a partial index, so their cost does not grow with
+ * the dispatched history kept. `markMany` settles a batch in one statement, fenced per row.
+ * Needs schema version 2: run {@linkcode migrate} (or the artifacts of
+ * `getSqlOutboxMigrations`) first.
+ *
+ * @example
+ * ```ts
+ * import { DatabaseSync } from "node:sqlite";
+ * import { migrate, nodeSqliteExecutor, SqlOutboxRepository } from "@outbox/nats";
+ *
+ * const executor = nodeSqliteExecutor(new DatabaseSync(":memory:"));
+ * await migrate(executor, { dialect: "sqlite" });
+ * const outbox = new SqlOutboxRepository(executor, "sqlite");
+ * await outbox.enqueue({
+ *   id: "order-1-created", kind: "event.publish", name: "order.created",
+ *   subject: "orders.created", payload: JSON.stringify({ id: 1 }), headers: {},
+ * });
+ * const claimed = await outbox.claimDue(25, new Date());
+ * await outbox.markMany(claimed.map((claim) => ({ claim, state: "dispatched" })), new Date());
+ * ```
+ */
+export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
+  /** The executor statements run on. */
+  readonly executor: SqlExecutor;
+  /** The SQL dialect. */
+  readonly dialect: SqlDialect;
+  /** The validated table names. */
+  readonly tables: ResolvedSqlOutboxTables;
+  readonly #sql: OutboxStatements;
+  readonly #channel: string | undefined;
+
+  /**
+   * Creates the repository. Throws `OutboxValidationError` for an unknown dialect, a table name
+   * that is not a plain identifier, or `notify` on SQLite; no statement runs before that.
+   */
+  constructor(
+    executor: SqlExecutor,
+    dialect: SqlDialect,
+    tables: SqlOutboxTables | Partial<SqlOutboxTables> = {},
+    options: SqlOutboxRepositoryOptions = {},
+  ) {
+    this.dialect = checkDialect(dialect);
+    this.tables = resolveSqlOutboxTables(tables);
+    if (typeof executor?.query !== "function") {
+      throw new OutboxValidationError("executor", "SQL executor must have query(sql, params)");
+    }
+    this.executor = executor;
+    this.#channel = notifyChannel(options.notify, this.dialect, this.tables);
+    this.#sql = outboxStatements(this.dialect, this.tables, this.#channel !== undefined);
+  }
+
+  /** Stores a record as `pending` (one statement); see {@linkcode OutboxRepository.enqueue}. */
+  async enqueue(record: OutboxRecord): Promise<OutboxMessage> {
+    const valid = validateOutboxRecord(record);
+    const now = new Date().toISOString();
+    const params: unknown[] = [
+      valid.id,
+      valid.kind,
+      valid.name,
+      valid.subject,
+      valid.payload,
+      JSON.stringify(valid.headers),
+      now,
+    ];
+    if (this.#channel !== undefined) params.push(this.#channel);
+    const [inserted] = await this.executor.query(this.#sql.insertOne, params);
+    if (inserted) return decodeOutboxRow(inserted);
+    const existing = await this.get(valid.id);
+    if (!existing) throw new OutboxStorageConflictError(valid.id);
+    assertOutboxIdentity(existing, valid);
+    return existing;
+  }
+
+  /**
+   * Stores many records in one statement. All records are validated first; when an id already
+   * exists, its stored content is compared before anything of the batch is inserted, so an
+   * identity conflict stores nothing. (Only a concurrent enqueue of the same id with different
+   * content, racing this call, can leave the batch's other records inserted; inside a
+   * transaction the error rolls them back with it.)
+   */
+  async enqueueMany(records: readonly OutboxRecord[]): Promise<OutboxMessage[]> {
+    const valid = records.map(validateOutboxRecord);
+    const firsts = new Map<string, OutboxRecord>();
+    for (const record of valid) {
+      const earlier = firsts.get(record.id);
+      if (earlier) assertOutboxIdentity(earlier, record);
+      else firsts.set(record.id, record);
+    }
+    if (firsts.size === 0) return [];
+    if (valid.length === 1) return [await this.enqueue(valid[0])];
+    const stored = new Map<string, OutboxMessage>();
+    let pending = [...firsts.values()];
+    // Round 1 inserts everything unless some id exists; then those are compared, and round 2
+    // inserts the rest. A third round only runs when another transaction raced us.
+    for (let round = 0; round < 3 && pending.length > 0; round++) {
+      const now = new Date().toISOString();
+      const json = JSON.stringify(pending.map((record) => ({
+        id: record.id,
+        kind: record.kind,
+        name: record.name,
+        subject: record.subject,
+        payload: record.payload,
+        headers: JSON.stringify(record.headers),
+      })));
+      const params: unknown[] = [json, now];
+      if (this.#channel !== undefined) params.push(this.#channel);
+      for (const row of await this.executor.query(this.#sql.insertMany, params)) {
+        const message = decodeOutboxRow(row);
+        stored.set(message.id, message);
+      }
+      const missing = pending.filter((record) => !stored.has(record.id));
+      pending = [];
+      if (missing.length === 0) break;
+      const rows = await this.executor.query(this.#sql.getMany, [
+        JSON.stringify(missing.map((record) => record.id)),
+      ]);
+      for (const row of rows) {
+        const message = decodeOutboxRow(row);
+        assertOutboxIdentity(message, firsts.get(message.id)!);
+        stored.set(message.id, message);
+      }
+      pending = missing.filter((record) => !stored.has(record.id));
+    }
+    if (pending.length > 0) throw new OutboxStorageConflictError(pending[0].id);
+    return valid.map((record) => copyMessage(stored.get(record.id)!));
+  }
+
+  /** Reads one message, or `undefined`. Throws `OutboxCorruptRecordError` for a corrupt row. */
+  async get(id: string): Promise<OutboxMessage | undefined> {
+    const [row] = await this.executor.query(this.#sql.get, [id]);
+    return row ? decodeOutboxRow(row) : undefined;
+  }
+
+  /**
+   * Claims up to `limit` due messages, oldest first, in one statement. A claimed row that cannot
+   * be decoded is moved to `dead` with the reason and left out; the others are returned.
+   */
+  async claimDue(
+    limit: number,
+    now: Date,
+    options: OutboxClaimOptions = {},
+  ): Promise<OutboxMessage[]> {
+    const max = checkedLimit(limit);
+    if (max === 0) return [];
+    const leaseMs = options.leaseMs ?? defaultLeaseMs;
+    if (!Number.isFinite(leaseMs) || leaseMs < 0) {
+      throw new OutboxValidationError("leaseMs", `leaseMs must be a number >= 0, got ${leaseMs}`);
+    }
+    const nowIso = checkedDate(now, "now");
+    const lease = addMs(now, leaseMs).toISOString();
+    const rows = await this.executor.query(this.#sql.claim, [nowIso, lease, max]);
+    // RETURNING gives no order: restore the claim order (seq).
+    rows.sort((a, b) => (integer(a.seq) ?? 0) - (integer(b.seq) ?? 0));
+    const claimed: OutboxMessage[] = [];
+    for (const row of rows) {
+      try {
+        claimed.push(decodeOutboxRow(row));
+      } catch (error) {
+        const reason = error instanceof OutboxCorruptRecordError
+          ? error
+          : new OutboxCorruptRecordError(undefined, String(error), { cause: error });
+        await this.executor.query(this.#sql.deadCorrupt, [
+          row.seq,
+          lease,
+          reason.message,
+          nowIso,
+        ]);
+      }
+    }
+    return claimed;
+  }
+
+  /** Settles a claim as dispatched (fenced); `false` when the claim was superseded. */
+  async markDispatched(claim: OutboxClaim, now: Date, outcome?: JsonValue): Promise<boolean> {
+    const [changed] = await this.markMany([{ claim, state: "dispatched", outcome }], now);
+    return changed;
+  }
+
+  /** Records a failed attempt (fenced); `false` when the claim was superseded. */
+  async markFailed(claim: OutboxClaim, failure: OutboxFailure): Promise<boolean> {
+    const [changed] = await this.markMany([{
+      claim,
+      state: "failed",
+      error: failure.error,
+      nextAttemptAt: failure.nextAttemptAt,
+    }], failure.now);
+    return changed;
+  }
+
+  /** Moves a claim to `dead` (fenced); `false` when the claim was superseded. */
+  async markDead(claim: OutboxClaim, dead: OutboxDeadLetter): Promise<boolean> {
+    const [changed] = await this.markMany([{ claim, state: "dead", error: dead.error }], dead.now);
+    return changed;
+  }
+
+  /**
+   * Settles a batch of claims in ONE statement, each fenced by state `claimed`, attempts and
+   * lease expiry. Returns one boolean per mark. (A batch naming one id twice is settled in
+   * order, one statement per repetition, so the later mark sees the earlier one's effect.)
+   */
+  async markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
+    if (marks.length === 0) return [];
+    const nowIso = checkedDate(now, "now");
+    const results = new Array<boolean>(marks.length).fill(false);
+    // Split into rounds with unique ids (normally exactly one round).
+    let remaining = marks.map((mark, index) => ({ mark, index }));
+    while (remaining.length > 0) {
+      const seen = new Set<string>();
+      const round: typeof remaining = [];
+      const later: typeof remaining = [];
+      for (const entry of remaining) {
+        const id = entry.mark.claim?.id;
+        if (typeof id === "string" && seen.has(id)) later.push(entry);
+        else {
+          if (typeof id === "string") seen.add(id);
+          round.push(entry);
+        }
+      }
+      const payload = [];
+      const indexById = new Map<string, number>();
+      for (const { mark, index } of round) {
+        const encoded = encodeMark(mark);
+        if (!encoded) continue; // cannot match any row: stays false
+        payload.push(encoded);
+        indexById.set(encoded.id, index);
+      }
+      if (payload.length > 0) {
+        const rows = await this.executor.query(this.#sql.markMany, [
+          JSON.stringify(payload),
+          nowIso,
+        ]);
+        for (const row of rows) {
+          const index = indexById.get(row.id as string);
+          if (index !== undefined) results[index] = true;
+        }
+      }
+      remaining = later;
+    }
+    return results;
+  }
+
+  /** Deletes old dispatched / dead messages, `batchSize` rows per statement. */
+  async prune(options: OutboxPruneOptions): Promise<OutboxPruneResult> {
+    const batchSize = checkedBatchSize(options.batchSize);
+    const result: OutboxPruneResult = { dispatched: 0, dead: 0 };
+    const plan: Array<["dispatched" | "dead", Date | undefined]> = [
+      ["dispatched", options.dispatchedBefore],
+      ["dead", options.deadBefore],
+    ];
+    for (const [state, before] of plan) {
+      if (before === undefined) continue;
+      const cutoff = checkedDate(
+        before,
+        state === "dispatched" ? "dispatchedBefore" : "deadBefore",
+      );
+      if (options.dryRun) {
+        const [row] = await this.executor.query(this.#sql.count[state], [cutoff]);
+        result[state] += integer(row?.n) ?? 0;
+        options.onProgress?.({ ...result });
+        continue;
+      }
+      while (true) {
+        const rows = await this.executor.query(this.#sql.prune[state], [cutoff, batchSize]);
+        const deleted = this.dialect === "postgres" ? integer(rows[0]?.n) ?? 0 : rows.length;
+        result[state] += deleted;
+        if (deleted > 0) options.onProgress?.({ ...result });
+        if (deleted < batchSize) break;
+      }
+    }
+    return result;
+  }
+
+  /** Counts per state and the backlog at `now` (one statement). */
+  async stats(now: Date = new Date()): Promise<OutboxStats> {
+    const nowIso = checkedDate(now, "now");
+    const [row = {}] = await this.executor.query(this.#sql.stats, [nowIso]);
+    const stats: OutboxStats = {
+      pending: integer(row.pending) ?? 0,
+      claimed: integer(row.claimed) ?? 0,
+      failed: integer(row.failed) ?? 0,
+      dispatched: integer(row.dispatched) ?? 0,
+      dead: integer(row.dead) ?? 0,
+      due: integer(row.due) ?? 0,
+    };
+    const oldest = toIsoTimestamp(row.oldest_due);
+    if (oldest !== undefined) {
+      stats.oldestDueCreatedAt = oldest;
+      stats.oldestDueAgeMs = Math.max(0, now.getTime() - Date.parse(oldest));
+    }
+    return stats;
+  }
+
+  /** Lists dead messages, oldest first; rows that cannot be fully decoded are shown as far as possible. */
+  async listDead(options: OutboxListDeadOptions = {}): Promise<OutboxMessage[]> {
+    const limit = checkedLimit(options.limit ?? 100);
+    if (limit === 0) return [];
+    const rows = await this.executor.query(this.#sql.listDead, [limit]);
+    return rows.map(decodeOutboxRowLoosely);
+  }
+
+  /** Moves dead messages back to `pending` with `attempts` 0 (lastError kept); returns how many changed. */
+  async requeue(ids: readonly string[], now: Date = new Date()): Promise<number> {
+    const unique = [...new Set(ids)].filter((id) => typeof id === "string");
+    if (unique.length === 0) return 0;
+    const rows = await this.executor.query(this.#sql.requeue, [
+      JSON.stringify(unique),
+      checkedDate(now, "now"),
+    ]);
+    return rows.length;
+  }
+}
+
+interface EncodedMark {
+  id: string;
+  attempts: number;
+  lease: string | null;
+  state: "dispatched" | "failed" | "dead";
+  error: string | null;
+  next: string | null;
+  outcome: string | null;
+}
+
+/** A mark as JSON for the batch statement; `undefined` when it can never match a row. */
+function encodeMark(mark: OutboxMark): EncodedMark | undefined {
+  const claim = mark?.claim;
+  if (typeof claim?.id !== "string" || !Number.isSafeInteger(claim.attempts)) return undefined;
+  let lease: string | null = null;
+  if (claim.nextAttemptAt !== undefined) {
+    const normalised = toIsoTimestamp(claim.nextAttemptAt);
+    if (normalised === undefined) return undefined;
+    lease = normalised;
+  }
+  const base = { id: claim.id, attempts: claim.attempts, lease };
+  switch (mark.state) {
+    case "dispatched":
+      return {
+        ...base,
+        state: "dispatched",
+        error: null,
+        next: null,
+        outcome: mark.outcome === undefined ? null : JSON.stringify(mark.outcome),
+      };
+    case "failed":
+      return {
+        ...base,
+        state: "failed",
+        error: String(mark.error),
+        next: checkedDate(mark.nextAttemptAt, "nextAttemptAt"),
+        outcome: null,
+      };
+    case "dead":
+      return { ...base, state: "dead", error: String(mark.error), next: null, outcome: null };
+    default:
+      throw new OutboxValidationError(
+        "state",
+        `Unknown mark state ${JSON.stringify((mark as { state: unknown }).state)}`,
+      );
+  }
+}
+
+function copyMessage(message: OutboxMessage): OutboxMessage {
+  const copy = { ...message, headers: { ...message.headers } };
+  if (message.outcome !== undefined) copy.outcome = structuredClone(message.outcome);
+  return copy;
+}
+
+function checkedDate(value: Date, field: string): string {
+  if (!(value instanceof Date) || !Number.isFinite(value.getTime())) {
+    throw new OutboxValidationError(field, `${field} must be a valid Date`);
+  }
+  return value.toISOString();
+}
+
+function notifyChannel(
+  notify: boolean | string | undefined,
+  dialect: SqlDialect,
+  tables: ResolvedSqlOutboxTables,
+): string | undefined {
+  if (notify === undefined || notify === false) return undefined;
+  if (dialect !== "postgres") {
+    throw new OutboxValidationError("notify", "notify (pg_notify) is only available on Postgres");
+  }
+  const channel = notify === true ? tables.outbox : notify;
+  if (
+    typeof channel !== "string" || channel.length === 0 || channel.length > 63 ||
+    channel.includes("\u0000")
+  ) {
+    throw new OutboxValidationError(
+      "notify",
+      "notify channel must be a non-empty string of at most 63 characters without NUL",
+    );
+  }
+  return channel;
+}

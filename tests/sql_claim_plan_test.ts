@@ -1,0 +1,185 @@
+/**
+ * Claims must not get slower as dispatched history accumulates. With 200,000 dispatched rows
+ * kept, the claim statement must read the partial claim index, not the table: asserted on the
+ * plan and on the buffers Postgres actually touched (EXPLAIN ANALYZE, BUFFERS), never on time.
+ */
+
+import assert from "node:assert/strict";
+import postgres from "postgres";
+import { migrate, nodeSqliteExecutor, postgresJsExecutor } from "../mod.ts";
+import { outboxStatements } from "../src/stores/sql/dialects.ts";
+import { resolveSqlOutboxTables } from "../src/stores/sql/tables.ts";
+import { postgresUrl } from "./kit/mod.ts";
+import { dropPostgresTables, openSqlite, uniqueTables } from "./sql/harness.ts";
+
+const history = 200_000;
+const live = 1_000;
+
+interface PlanNode {
+  "Node Type": string;
+  "Relation Name"?: string;
+  "Index Name"?: string;
+  "Shared Hit Blocks"?: number;
+  "Shared Read Blocks"?: number;
+  "Actual Rows"?: number;
+  "Rows Removed by Filter"?: number;
+  Plans?: PlanNode[];
+}
+
+function nodes(plan: PlanNode): PlanNode[] {
+  return [plan, ...(plan.Plans ?? []).flatMap(nodes)];
+}
+
+Deno.test("postgres: with 200k dispatched rows the claim reads only the claim index", async () => {
+  const sql = postgres(await postgresUrl(), { max: 1, onnotice: () => {} });
+  const tables = uniqueTables();
+  const executor = postgresJsExecutor(sql);
+  try {
+    await migrate(executor, { dialect: "postgres", tables });
+    const o = tables.outbox;
+    // History first (lower seq), then the live rows, as in a long-running service.
+    await sql.unsafe(
+      `INSERT INTO ${o} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at, outcome)
+       SELECT 'h-' || g, 'event.publish', 'bench', 'bench.s', repeat('x', 160), '{}'::jsonb, 'dispatched', 1,
+              now() - interval '1 day' + g * interval '1 ms', now() - interval '1 day', NULL
+       FROM generate_series(1, ${history}) AS g`,
+    );
+    await sql.unsafe(
+      `INSERT INTO ${o} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at)
+       SELECT 'l-' || g, 'event.publish', 'bench', 'bench.s', repeat('x', 160), '{}'::jsonb, 'pending', 0, now(), now()
+       FROM generate_series(1, ${live}) AS g`,
+    );
+    await sql.unsafe(`VACUUM ANALYZE ${o}`);
+
+    const statements = outboxStatements("postgres", resolveSqlOutboxTables(tables), false);
+    const now = new Date(Date.now() + 1_000).toISOString();
+    const lease = new Date(Date.now() + 31_000).toISOString();
+    const explain = async (text: string, params: unknown[]): Promise<PlanNode> => {
+      let plan: PlanNode | undefined;
+      await sql.begin(async (tx) => {
+        const [row] = await tx.unsafe(
+          `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ${text}`,
+          params as never[],
+        );
+        plan = (row["QUERY PLAN"] as Array<{ Plan: PlanNode }>)[0].Plan;
+        throw new Rollback();
+      }).catch((error) => {
+        if (!(error instanceof Rollback)) throw error;
+      });
+      return plan!;
+    };
+    const buffers = (plan: PlanNode) =>
+      (plan["Shared Hit Blocks"] ?? 0) + (plan["Shared Read Blocks"] ?? 0);
+
+    const claim = await explain(statements.claim, [now, lease, 25]);
+    const all = nodes(claim);
+    assert.ok(
+      all.some((node) => node["Index Name"] === `${o}_claim_idx`),
+      `the claim uses the partial claim index: ${JSON.stringify(all.map((n) => n["Node Type"]))}`,
+    );
+    assert.ok(!all.some((node) => node["Node Type"] === "Seq Scan"), "no sequential scan");
+    assert.equal(claim["Actual Rows"], 25);
+    const claimBuffers = buffers(claim);
+    // Finding and locking the 25 rows reads a few index pages and their heap pages; the rest of
+    // the statement is per claimed row (primary key probe, new row versions, index entries). A
+    // scan of the history would touch thousands of pages (the table has ~8,000).
+    const locking = all.find((node) => node["Node Type"] === "LockRows")!;
+    assert.ok(buffers(locking) < 100, `finding the rows touched ${buffers(locking)} buffers`);
+    assert.ok(claimBuffers < 1_000, `the claim touched ${claimBuffers} buffers`);
+
+    // The reference's claim shape on the same table, for comparison (not asserted).
+    const reference = await explain(
+      `UPDATE ${o} SET state = 'claimed', attempts = attempts + 1, updated_at = $1, next_attempt_at = $2 WHERE id IN (SELECT id FROM ${o} WHERE state != 'dispatched' AND (next_attempt_at IS NULL OR next_attempt_at <= $1) ORDER BY created_at LIMIT 25 FOR UPDATE SKIP LOCKED) RETURNING *`,
+      [now, lease],
+    );
+    console.log(
+      `claim of 25 with ${history} dispatched rows kept: ${claimBuffers} buffers (reference query shape: ${
+        buffers(reference)
+      })`,
+    );
+
+    // markMany settles a batch through the primary key, not a scan.
+    const ids = Array.from({ length: 25 }, (_, i) => `l-${i + 1}`);
+    const marks = JSON.stringify(ids.map((id) => ({
+      id,
+      attempts: 0,
+      lease: null,
+      state: "dispatched",
+      error: null,
+      next: null,
+      outcome: null,
+    })));
+    const mark = await explain(statements.markMany, [marks, now]);
+    const markNodes = nodes(mark);
+
+    assert.ok(markNodes.some((node) => node["Index Name"] === `${o}_pkey`), "marks use the pkey");
+    assert.ok(!markNodes.some((node) => node["Node Type"] === "Seq Scan"));
+
+    // A periodic prune that finds nothing old enough reads the retention index, not the table.
+    const prune = await explain(statements.prune.dispatched, ["2000-01-01T00:00:00.000Z", 1000]);
+    assert.ok(buffers(prune) < 50, `an empty prune touched ${buffers(prune)} buffers`);
+  } finally {
+    await dropPostgresTables(executor, tables);
+    await sql.end();
+  }
+});
+
+class Rollback extends Error {}
+
+Deno.test("sqlite: with 200k dispatched rows the claim reads only the covering claim index", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "outbox_plan_" });
+  const db = openSqlite(`${dir}/app.db`);
+  try {
+    const executor = nodeSqliteExecutor(db);
+    await migrate(executor, { dialect: "sqlite" });
+    db.exec(`WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ${history})
+      INSERT INTO trellis_outbox (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at)
+      SELECT 'h-' || n, 'event.publish', 'bench', 'bench.s', printf('%.160c', 'x'), '{}', 'dispatched', 1,
+             '2020-01-01T00:00:00.000Z', '2020-01-01T00:00:00.000Z' FROM g`);
+    db.exec(`WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ${live})
+      INSERT INTO trellis_outbox (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at)
+      SELECT 'l-' || n, 'event.publish', 'bench', 'bench.s', 'x', '{}', 'pending', 0,
+             '2021-01-01T00:00:00.000Z', '2021-01-01T00:00:00.000Z' FROM g`);
+    db.exec("ANALYZE");
+    const statements = outboxStatements("sqlite", resolveSqlOutboxTables(), false);
+    const plan = (text: string) =>
+      db.prepare(`EXPLAIN QUERY PLAN ${text}`).all().map((row) =>
+        String((row as { detail: string }).detail)
+      );
+    const claim = plan(statements.claim);
+    assert.ok(
+      claim.some((detail) => detail.includes("USING COVERING INDEX trellis_outbox_claim_idx")),
+      claim.join(" | "),
+    );
+    assert.ok(
+      claim.some((detail) => detail.includes("USING INTEGER PRIMARY KEY")),
+      claim.join(" | "),
+    );
+    assert.ok(!claim.some((detail) => /^SCAN trellis_outbox$/.test(detail)), claim.join(" | "));
+    const marks = plan(statements.markMany);
+    assert.ok(
+      marks.some((detail) => detail.includes("USING INDEX sqlite_autoindex")),
+      marks.join(" | "),
+    );
+    const prune = plan(statements.prune.dispatched);
+    assert.ok(
+      prune.some((detail) => detail.includes("trellis_outbox_retention_idx")),
+      prune.join(" | "),
+    );
+    const dead = plan(statements.listDead);
+    assert.ok(
+      dead.some((detail) => detail.includes("trellis_outbox_retention_idx")),
+      dead.join(" | "),
+    );
+    // And it claims the live rows in order.
+    const rows = await executor.query(statements.claim, [
+      "2022-01-01T00:00:00.000Z",
+      "2022-01-01T00:00:30.000Z",
+      3,
+    ]);
+    assert.deepEqual(rows.map((row) => row.id).sort(), ["l-1", "l-2", "l-3"]);
+  } finally {
+    db.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+});

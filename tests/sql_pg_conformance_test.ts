@@ -1,0 +1,4 @@
+import { testConformance } from "./conformance/deno.ts";
+import { pgHarness } from "./sql/harness.ts";
+
+testConformance(pgHarness);

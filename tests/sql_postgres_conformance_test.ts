@@ -1,0 +1,4 @@
+import { testConformance } from "./conformance/deno.ts";
+import { postgresJsHarness } from "./sql/harness.ts";
+
+testConformance(postgresJsHarness);
