@@ -91,3 +91,23 @@ export { applyMarks } from "./src/core/marks.ts";
 export { defaultInboxConsumer, resolveInboxRecordOptions } from "./src/core/inbox.ts";
 export { MemoryOutboxRepository } from "./src/stores/memory/outbox.ts";
 export { MemoryInboxRepository } from "./src/stores/memory/inbox.ts";
+export {
+  type NatsKvOutboxOptions,
+  NatsKvOutboxRepository,
+  type NatsKvRepairResult,
+  type NatsKvWork,
+  type NatsKvWorkListener,
+} from "./src/stores/nats_kv/outbox.ts";
+export {
+  type NatsKvInboxOptions,
+  NatsKvInboxRepository,
+  type NatsKvInboxRetention,
+} from "./src/stores/nats_kv/inbox.ts";
+export {
+  createInboxBucket,
+  createOutboxBucket,
+  type InboxBucketOptions,
+  type KvBucketFactory,
+  type KvBucketOptions,
+} from "./src/stores/nats_kv/bucket.ts";
+export { NatsKvIndexError } from "./src/stores/nats_kv/errors.ts";
