@@ -108,6 +108,8 @@ export {
   createOutboxBucket,
   type InboxBucketOptions,
   type KvBucketFactory,
+  type KvBucketLike,
   type KvBucketOptions,
+  type KvBucketSettings,
 } from "./src/stores/nats_kv/bucket.ts";
 export { NatsKvIndexError } from "./src/stores/nats_kv/errors.ts";

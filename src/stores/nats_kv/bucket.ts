@@ -4,8 +4,49 @@
  * @module
  */
 
-import type { KV, KvOptions } from "@nats-io/kv";
 import { OutboxValidationError } from "../../core/errors.ts";
+
+/**
+ * What the helpers need of a bucket: its status (a `KV` from `@nats-io/kv` has it).
+ *
+ * @example
+ * ```ts
+ * import type { KvBucketLike } from "@outbox/nats";
+ * const bucket: KvBucketLike = { status: () => Promise.resolve({ ttl: 0 }) };
+ * ```
+ */
+export interface KvBucketLike {
+  /** The bucket's status; `ttl` is its `max_age` in milliseconds (0: entries never expire). */
+  status(): Promise<{ ttl: number }>;
+}
+
+/**
+ * The bucket settings the helpers ask for: a subset of `KvOptions` from `@nats-io/kv`.
+ *
+ * @example
+ * ```ts
+ * import type { KvBucketSettings } from "@outbox/nats";
+ * const settings: KvBucketSettings = {
+ *   history: 1, replicas: 1, storage: "file", allow_direct: true,
+ * };
+ * ```
+ */
+export interface KvBucketSettings {
+  /** Revisions kept per key. */
+  history: number;
+  /** Stream replicas. */
+  replicas: number;
+  /** Storage of the stream. */
+  storage: "file" | "memory";
+  /** Whether any replica may answer reads. */
+  allow_direct: boolean;
+  /** `max_age` in milliseconds, when entries expire. */
+  ttl?: number;
+  /** Description of the stream. */
+  description?: string;
+  /** Size limit in bytes. */
+  max_bytes?: number;
+}
 
 /**
  * Whatever creates or opens buckets: a `Kvm` from `@nats-io/kv` (`new Kvm(nc)`).
@@ -18,9 +59,9 @@ import { OutboxValidationError } from "../../core/errors.ts";
  * const factory: KvBucketFactory = new Kvm(await connect());
  * ```
  */
-export interface KvBucketFactory {
-  /** Creates the bucket, or opens it when it exists. */
-  create(name: string, options?: Partial<KvOptions>): Promise<KV>;
+export interface KvBucketFactory<Bucket extends KvBucketLike = KvBucketLike> {
+  /** Creates the bucket with `settings`, or opens it when it exists. */
+  create(name: string, settings: KvBucketSettings): Promise<Bucket>;
 }
 
 /**
@@ -86,11 +127,11 @@ export interface InboxBucketOptions extends KvBucketOptions {
  * const outbox = new NatsKvOutboxRepository(kv);
  * ```
  */
-export async function createOutboxBucket(
-  kvm: KvBucketFactory,
+export async function createOutboxBucket<Bucket extends KvBucketLike>(
+  kvm: KvBucketFactory<Bucket>,
   name: string,
   options: KvBucketOptions = {},
-): Promise<KV> {
+): Promise<Bucket> {
   const kv = await kvm.create(name, bucketOptions(options, 0));
   const status = await kv.status();
   if (status.ttl > 0) {
@@ -119,11 +160,11 @@ export async function createOutboxBucket(
  * const inbox = new NatsKvInboxRepository(kv);
  * ```
  */
-export async function createInboxBucket(
-  kvm: KvBucketFactory,
+export async function createInboxBucket<Bucket extends KvBucketLike>(
+  kvm: KvBucketFactory<Bucket>,
   name: string,
   options: InboxBucketOptions = {},
-): Promise<KV> {
+): Promise<Bucket> {
   const retentionMs = options.retentionMs ?? 7 * 86_400_000;
   if (!Number.isSafeInteger(retentionMs) || retentionMs < 0) {
     throw new OutboxValidationError(
@@ -134,12 +175,12 @@ export async function createInboxBucket(
   return await kvm.create(name, bucketOptions(options, retentionMs));
 }
 
-function bucketOptions(options: KvBucketOptions, ttl: number): Partial<KvOptions> {
+function bucketOptions(options: KvBucketOptions, ttl: number): KvBucketSettings {
   const replicas = options.replicas ?? 1;
   if (![1, 3, 5].includes(replicas)) {
     throw new OutboxValidationError("replicas", `replicas must be 1, 3 or 5, got ${replicas}`);
   }
-  const kvOptions: Partial<KvOptions> = {
+  const kvOptions: KvBucketSettings = {
     history: 1,
     replicas,
     storage: options.storage ?? "file",

@@ -215,8 +215,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       });
     }
     const now = new Date();
-    // Issued together, in input order, so enqueue order (the marker revisions) follows it.
-    const stored = await Promise.all(unique.map((record) => this.#store(record, now)));
+    // Keys first (hashing is asynchronous), then every write issued in one go, in input order,
+    // so the enqueue order (the marker revisions) follows the input.
+    const keys = await Promise.all(unique.map((record) => outboxRecordKey(record.id)));
+    const stored = await Promise.all(unique.map((record, i) => this.#store(record, now, keys[i])));
     const byId = new Map(stored.map((message) => [message.id, message]));
     return valid.map((record) => structuredClone(byId.get(record.id)!));
   }
@@ -580,8 +582,9 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     return decoded.ok ? decoded : { ok: false };
   }
 
-  async #store(record: OutboxRecord, now: Date): Promise<OutboxMessage> {
-    const key = await outboxRecordKey(record.id);
+  async #store(record: OutboxRecord, now: Date, knownKey?: string): Promise<OutboxMessage> {
+    // No await before the writes when the key is known: callers rely on the issue order.
+    const key = knownKey ?? await outboxRecordKey(record.id);
     const markerKey = markerKeyOf(key);
     const nowIso = now.toISOString();
     const stored: StoredOutboxRecord = {
