@@ -244,6 +244,18 @@ Deno.test("nats kv: crash states between record and marker heal themselves", asy
     }),
   );
   assert.deepEqual(ids(await patient.claimDue(10, now)), ["in-flight"]);
+
+  // 7. A requeue that crashed after the record write: requeueing again re-indexes it.
+  const requeued = record();
+  await outbox.enqueue(requeued);
+  const [doomed] = await outbox.claimDue(1, now);
+  assert.equal(doomed.id, requeued.id);
+  assert.equal(await outbox.markDead(doomed, { error: "no stream", now }), true);
+  assert.equal(await outbox.requeue([requeued.id], now), 1);
+  await kv.delete(markerKeyOf(await outboxRecordKey(requeued.id)));
+  assert.deepEqual(await outbox.claimDue(10, now), []);
+  assert.equal(await outbox.requeue([requeued.id], now), 0, "nothing was dead");
+  assert.deepEqual(ids(await outbox.claimDue(10, now)), [requeued.id]);
 });
 
 Deno.test("nats kv: corrupt entries are dead, listed, and never break a claim", async () => {

@@ -138,6 +138,15 @@ export class ActiveIndex {
     entry.hintRevision = recordRevision;
   }
 
+  /**
+   * Records the revision of a marker this process just wrote, before its watch event arrives, so
+   * a conditional delete soon after uses the right revision.
+   */
+  wroteMarker(markerKey: string, revision: number): void {
+    const entry = this.#entries.get(markerKey);
+    if (entry && revision > entry.markerRevision) entry.markerRevision = revision;
+  }
+
   /** Removes an entry whose marker this process deleted (or found useless). */
   forget(markerKey: string): void {
     const entry = this.#entries.get(markerKey);
@@ -283,7 +292,8 @@ export class ActiveIndex {
     const dueMs = marker?.due === undefined ? -Infinity : Date.parse(marker.due);
     const known = this.#entries.get(watched.key);
     if (known) {
-      if (watched.revision <= known.markerRevision) return;
+      // Equal: the event of a write this process already noted (wroteMarker); apply it anyway.
+      if (watched.revision < known.markerRevision) return;
       known.markerRevision = watched.revision;
       known.markerWrittenMs = watched.created.getTime();
       if (marker?.seq !== undefined && marker.seq !== known.order) {

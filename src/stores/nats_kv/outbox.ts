@@ -441,8 +441,9 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 
   /**
    * Moves `dead` messages back to `pending` (attempts 0, `lastError` kept, enqueue order kept)
-   * and re-indexes them; returns how many changed. Unknown ids, messages in other states and
-   * entries that cannot be decoded are ignored.
+   * and re-indexes them; returns how many changed. Unknown ids, settled messages and entries
+   * that cannot be decoded are ignored; an id that is already active only gets its marker back
+   * if it lost it (so after a crash in the middle of a requeue, requeue the same ids again).
    */
   async requeue(ids: readonly string[], now: Date = new Date()): Promise<number> {
     const nowIso = now.toISOString();
@@ -451,7 +452,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       const entry = await this.#kv.get(key);
       if (!entry || entry.operation !== "PUT") return 0;
       const decoded = decodeRecord(entry.value, id);
-      if (!decoded.ok || decoded.record.state !== "dead") return 0;
+      if (!decoded.ok || decoded.record.state === "dispatched") return 0;
+      if (decoded.record.state !== "dead") {
+        // Already active (perhaps an earlier requeue crashed before writing the marker):
+        // make sure it is indexed, so running requeue again is the way to recover.
+        await this.#ensureMarker(key, decoded.record, entry.revision);
+        return 0;
+      }
       const next: StoredOutboxRecord = {
         ...decoded.record,
         state: "pending",
@@ -542,20 +549,15 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       result.records += 1;
       const decoded = decodeRecord(entry.value, decodeToken(tokenOf(entry.key)));
       if (!decoded.ok) return;
-      const { state, id, seq } = decoded.record;
+      const { state } = decoded.record;
       if (state === "dispatched" || state === "dead") return;
       const markerKey = markerKeyOf(entry.key);
       active.add(markerKey);
       if (this.#index.get(markerKey)) return;
-      const marker: Marker = { v: 1, id, rev: entry.revision };
-      if (seq !== undefined) marker.seq = seq;
       missing.push(
-        this.#kv.create(markerKey, encodeJson(marker)).then(
-          () => void (result.markersCreated += 1),
-          (error) => {
-            if (!isWrongLastSequence(error)) throw error;
-          },
-        ),
+        this.#ensureMarker(entry.key, decoded.record, entry.revision).then((created) => {
+          if (created) result.markersCreated += 1;
+        }),
       );
     });
     await Promise.all(missing);
@@ -571,6 +573,19 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    */
   async close(): Promise<void> {
     await this.#index.close();
+  }
+
+  /** Creates the marker of an active record unless one exists. */
+  async #ensureMarker(key: string, record: StoredOutboxRecord, revision: number): Promise<boolean> {
+    const marker: Marker = { v: 1, id: record.id, rev: revision };
+    if (record.seq !== undefined) marker.seq = record.seq;
+    try {
+      await this.#kv.create(markerKeyOf(key), encodeJson(marker));
+      return true;
+    } catch (error) {
+      if (isWrongLastSequence(error)) return false;
+      throw error;
+    }
   }
 
   async #read(
@@ -741,7 +756,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         const marker: Marker = { v: 1, id: record.id, due: record.nextAttemptAt, rev: revision };
         if (record.seq !== undefined) marker.seq = record.seq;
         this.#index.hint(markerKey, Date.parse(record.nextAttemptAt!), revision);
-        await this.#kv.put(markerKey, encodeJson(marker));
+        this.#index.wroteMarker(markerKey, await this.#kv.put(markerKey, encodeJson(marker)));
       } else if (record.state === "dispatched") {
         this.#index.forget(markerKey);
         await this.#kv.delete(markerKey); // dispatched is final: nothing can revive the marker
