@@ -11,7 +11,6 @@ import {
   createOutboxBucket,
   NatsKvInboxRepository,
   type NatsKvWork,
-  type OutboxMessage,
   type OutboxRecord,
 } from "../mod.ts";
 import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
@@ -33,7 +32,7 @@ function record(overrides: Partial<OutboxRecord> = {}): OutboxRecord {
   };
 }
 
-function ids(messages: readonly OutboxMessage[]): string[] {
+function ids(messages: ReadonlyArray<{ id: string }>): string[] {
   return messages.map((message) => message.id);
 }
 
@@ -437,6 +436,25 @@ Deno.test("nats kv: claim work does not grow with dispatched messages kept in th
   const after = await measure(fixture.kv);
   console.log(`claim work after prune: ${JSON.stringify(after)}`);
   assert.ok(after.firstClaimWatched < 50, `snapshot replayed ${after.firstClaimWatched} entries`);
+});
+
+Deno.test("nats kv: a starting claimer learns other claimers' leases once", async () => {
+  await using fixture = await openKvFixture();
+  const busy = fixture.outbox();
+  await busy.enqueueMany(Array.from({ length: 200 }, () => record()));
+  const now = new Date();
+  assert.equal((await busy.claimDue(200, now, { leaseMs: 600_000 })).length, 200);
+  const fresh = Array.from({ length: 10 }, () => record());
+  await busy.enqueueMany(fresh);
+  const counts = newCounts();
+  const starting = fixture.outbox({ kv: countingKv(fixture.peerKv, counts) });
+  // Its index cannot know the 200 leases yet: it reads them once (a few rounds, read-ahead).
+  assert.deepEqual(ids(await starting.claimDue(5, now)), ids(fresh.slice(0, 5)));
+  console.log(`first claim next to 200 foreign leases: ${counts.calls.get} reads`);
+  assert.ok((counts.calls.get ?? 0) <= 210, `first claim read ${counts.calls.get} records`);
+  const before = counts.calls.get ?? 0;
+  assert.deepEqual(ids(await starting.claimDue(5, now)), ids(fresh.slice(5)));
+  assert.equal((counts.calls.get ?? 0) - before, 5, "then only what it claims");
 });
 
 Deno.test("nats kv: inbox retention by bucket max_age on this server, or by expire()", async () => {

@@ -65,6 +65,7 @@ export class ActiveIndex {
   #starting: Promise<boolean> | undefined;
   #generation = 0;
   #lastRevision = 0;
+  #lastEventMs = 0;
   #live = false;
   #closed = false;
   #waiters = new Set<Waiter>();
@@ -246,14 +247,22 @@ export class ActiveIndex {
     const revision = await this.#kv.put(syncKey, `${Date.now()}`);
     if (this.#lastRevision >= revision) return;
     await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => {
+      // Gives up only when the watch stalls: a long snapshot that keeps delivering is waited for.
+      const check = () => {
+        const idleMs = Date.now() - Math.max(this.#lastEventMs, startedMs);
+        if (idleMs < this.#syncTimeoutMs) {
+          timer = setTimeout(check, this.#syncTimeoutMs - idleMs);
+          return;
+        }
         this.#waiters.delete(waiter);
         reject(
           new NatsKvIndexError(
-            `The watch on the outbox markers did not catch up within ${this.#syncTimeoutMs} ms`,
+            `The watch on the outbox markers delivered nothing for ${this.#syncTimeoutMs} ms`,
           ),
         );
-      }, this.#syncTimeoutMs);
+      };
+      const startedMs = Date.now();
+      let timer = setTimeout(check, this.#syncTimeoutMs);
       const waiter: Waiter = {
         revision,
         resolve: () => {
@@ -270,6 +279,7 @@ export class ActiveIndex {
   }
 
   #apply(entry: KvWatchEntry): void {
+    this.#lastEventMs = Date.now();
     if (entry.revision > this.#lastRevision) this.#lastRevision = entry.revision;
     if (entry.key !== syncKey) {
       if (entry.operation === "PUT") this.#upsert(entry);

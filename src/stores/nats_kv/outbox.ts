@@ -70,8 +70,9 @@ export interface NatsKvOutboxOptions {
    */
   orphanGraceMs?: number;
   /**
-   * How long a claim waits for the watch on the markers to deliver its own barrier write before
-   * it rebuilds the watch (then gives up with `NatsKvIndexError`).
+   * How long the watch on the markers may deliver nothing while a claim waits for its own
+   * barrier write; then the watch is rebuilt once, and then the claim gives up with
+   * `NatsKvIndexError`. A long snapshot that keeps delivering is waited for.
    *
    * @default {5000}
    */
@@ -261,10 +262,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const tried = new Set<string>();
     const claimed: Claimed[] = [];
     const failures: unknown[] = [];
+    let readAhead = max;
     while (claimed.length < max) {
+      const want = max - claimed.length;
       const candidates = this.#index.candidates(
         nowMs,
-        max - claimed.length,
+        Math.max(want, readAhead),
         (entry) => tried.has(entry.markerKey) || this.#inFlight.has(entry.markerKey),
       );
       if (candidates.length === 0) {
@@ -273,19 +276,54 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         synced = true;
         continue;
       }
-      for (const entry of candidates) {
-        tried.add(entry.markerKey);
-        this.#inFlight.add(entry.markerKey);
+      for (const entry of candidates) this.#inFlight.add(entry.markerKey);
+      try {
+        // Phase 1: read every candidate at once; phase 2: claim the oldest `want` due ones.
+        const read = await Promise.all(
+          candidates.map((entry) =>
+            this.#inspect(entry).catch((error) => {
+              failures.push(error);
+              return "failed" as const;
+            })
+          ),
+        );
+        const due: Array<{ entry: ActiveEntry; record: StoredOutboxRecord; revision: number }> = [];
+        read.forEach((outcome, i) => {
+          const entry = candidates[i];
+          if (typeof outcome === "string") {
+            tried.add(entry.markerKey);
+            return;
+          }
+          const dueAt = outcome.record.nextAttemptAt;
+          if (outcome.record.state !== "pending" && Date.parse(dueAt!) > nowMs) {
+            this.#index.hint(entry.markerKey, Date.parse(dueAt!), outcome.revision);
+            tried.add(entry.markerKey);
+          } else if (due.length < want) {
+            due.push({ entry, ...outcome });
+            tried.add(entry.markerKey);
+          }
+          // Due but beyond `want`: left untried, a next round may claim it.
+        });
+        const won = await Promise.all(
+          due.map(({ entry, record, revision }) =>
+            this.#claimOne(entry, record, revision, nowIso, leaseUntil).catch((error) => {
+              failures.push(error);
+              return undefined;
+            })
+          ),
+        );
+        let gained = 0;
+        for (const result of won) {
+          if (result) {
+            claimed.push(result);
+            gained += 1;
+          }
+        }
+        // Stale hints (a process start, other claimers' leases): read further ahead next time.
+        if (gained < want) readAhead = Math.min(Math.max(readAhead, want) * 2, maxReadAhead);
+      } finally {
+        for (const entry of candidates) this.#inFlight.delete(entry.markerKey);
       }
-      const results = await Promise.all(
-        candidates.map((entry) =>
-          this.#tryClaim(entry, nowMs, nowIso, leaseUntil).catch((error) => {
-            failures.push(error);
-            return undefined;
-          }).finally(() => this.#inFlight.delete(entry.markerKey))
-        ),
-      );
-      for (const result of results) if (result) claimed.push(result);
       if (failures.length > 0) break;
     }
     // Claims that succeeded are returned even if others failed (they hold leases).
@@ -645,20 +683,14 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     return toMessage(existing);
   }
 
-  /** What a claim does with one candidate; `undefined` when it did not claim it. */
-  async #tryClaim(
+  /** Claims one due record with a revision CAS; `undefined` when another writer won. */
+  async #claimOne(
     entry: ActiveEntry,
-    nowMs: number,
+    record: StoredOutboxRecord,
+    revision: number,
     nowIso: string,
     leaseUntil: string,
   ): Promise<Claimed | undefined> {
-    const inspected = await this.#inspect(entry);
-    if (typeof inspected === "string") return undefined;
-    const { record, revision } = inspected;
-    if (record.state !== "pending" && Date.parse(record.nextAttemptAt!) > nowMs) {
-      this.#index.hint(entry.markerKey, Date.parse(record.nextAttemptAt!), revision);
-      return undefined;
-    }
     const next: StoredOutboxRecord = {
       ...record,
       state: "claimed",
@@ -804,6 +836,9 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     }
   }
 }
+
+/** Most records a claim reads in one round when its index hints turn out stale. */
+const maxReadAhead = 512;
 
 function fenceHolds(record: StoredOutboxRecord, claim: OutboxClaim): boolean {
   return record.state === "claimed" && record.attempts === claim.attempts &&
