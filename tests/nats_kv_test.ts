@@ -457,6 +457,35 @@ Deno.test("nats kv: a starting claimer learns other claimers' leases once", asyn
   assert.equal((counts.calls.get ?? 0) - before, 5, "then only what it claims");
 });
 
+Deno.test("nats kv: prune on a KV object without stream access leaves tombstones only", async () => {
+  await using fixture = await openKvFixture();
+  // A KV that exposes only the KV interface (no JetStream manager): purges leave tombstones.
+  const hideManager = <T extends object>(kv: T): T =>
+    new Proxy(kv, {
+      get(target, property) {
+        if (property === "jsm") return undefined;
+        const value = Reflect.get(target, property, target);
+        return typeof value === "function" ? value.bind(target) : value;
+      },
+    });
+  const outbox = fixture.outbox({ kv: hideManager(fixture.kv) });
+  const [a, b] = [record(), record()];
+  await outbox.enqueueMany([a, b]);
+  const claims = await outbox.claimDue(2, new Date());
+  await outbox.markDispatched(claims[0], new Date());
+  const result = await outbox.prune({ dispatchedBefore: new Date(Date.now() + 60_000) });
+  assert.deepEqual({ ...result }, { dispatched: 1, dead: 0 });
+  assert.equal(await outbox.get(a.id), undefined);
+  assert.equal((await fixture.kv.get(await outboxRecordKey(a.id)))?.operation, "PURGE");
+  assert.equal((await outbox.get(b.id))?.state, "claimed");
+  // The id can be enqueued again over the tombstone.
+  assert.equal((await outbox.enqueue(a)).state, "pending");
+  const inbox = fixture.inbox({ kv: hideManager(fixture.inboxKv) });
+  assert.equal(await inbox.record("old", new Date(Date.now() - 60_000)), true);
+  assert.equal(await inbox.prune({ receivedBefore: new Date(Date.now() - 1_000) }), 1);
+  assert.equal(await inbox.record("old"), true);
+});
+
 Deno.test("nats kv: inbox retention by bucket max_age on this server, or by expire()", async () => {
   const nc = await connectNats();
   const kvm = new Kvm(nc);
