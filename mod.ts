@@ -178,3 +178,25 @@ export {
   type OutboxWakeupSubscription,
   type PostgresJsListener,
 } from "./src/stores/sql/listen.ts";
+export {
+  type NatsKvOutboxOptions,
+  NatsKvOutboxRepository,
+  type NatsKvRepairResult,
+  type NatsKvWork,
+  type NatsKvWorkListener,
+} from "./src/stores/nats_kv/outbox.ts";
+export {
+  type NatsKvInboxOptions,
+  NatsKvInboxRepository,
+  type NatsKvInboxRetention,
+} from "./src/stores/nats_kv/inbox.ts";
+export {
+  createInboxBucket,
+  createOutboxBucket,
+  type InboxBucketOptions,
+  type KvBucketFactory,
+  type KvBucketLike,
+  type KvBucketOptions,
+  type KvBucketSettings,
+} from "./src/stores/nats_kv/bucket.ts";
+export { NatsKvIndexError } from "./src/stores/nats_kv/errors.ts";

@@ -1,0 +1,373 @@
+/**
+ * The in-process index of active outbox messages, kept current by one long-lived watch on the
+ * markers (`q.>`). Claims pick candidates here (FIFO, skipping messages known not to be due)
+ * instead of listing the bucket, so a claim reads about `limit` records however many dispatched
+ * records the bucket keeps. The same watch wakes dispatchers when work appears in any process.
+ *
+ * The index is only a guide: every claim re-reads the record and writes it with a revision CAS.
+ * A stale due-time hint costs one extra read (too early) or delays a retry until the record's
+ * own lease expiry (too late, only after a crash between the record write and its marker write).
+ *
+ * @module
+ */
+
+import type { KV, KvWatchEntry } from "@nats-io/kv";
+import { NatsKvIndexError } from "./errors.ts";
+import { decodeToken, markerPrefix, recordKeyOf, syncKey, tokenOf } from "./keys.ts";
+import { decodeMarker } from "./records.ts";
+
+/** One active message as the index knows it. */
+export interface ActiveEntry {
+  /** `q.<token>` */
+  markerKey: string;
+  /** `m.<token>` */
+  recordKey: string;
+  /** The message id, from the marker (or the key); `undefined` when neither can tell. */
+  id: string | undefined;
+  /** Enqueue order: the marker's `seq`, else the revision of the marker's first write. */
+  order: number;
+  /** Revision of the marker entry as last seen. */
+  markerRevision: number;
+  /** Server time of that marker write, epoch ms. */
+  markerWrittenMs: number;
+  /** When the message is due, epoch ms (`-Infinity`: now); a hint, see the module doc. */
+  dueMs: number;
+  /** Record revision the hint comes from (0: unknown); newer information wins. */
+  hintRevision: number;
+  removed: boolean;
+}
+
+/** What a work listener is told: a message became active (or was rescheduled). */
+export interface ActiveWork {
+  /** The message id (empty when the marker could not be decoded and the key is hashed). */
+  id: string;
+  /** When it is due, if not now (a failed message waiting for its retry). */
+  dueAt?: string;
+}
+
+type WatchIterator = Awaited<ReturnType<KV["watch"]>>;
+
+interface Waiter {
+  revision: number;
+  resolve(): void;
+  reject(error: unknown): void;
+}
+
+/** See the module doc. */
+export class ActiveIndex {
+  readonly #kv: KV;
+  readonly #syncTimeoutMs: number;
+  #entries = new Map<string, ActiveEntry>();
+  #sorted: ActiveEntry[] = [];
+  #removedInSorted = 0;
+  #iterator: WatchIterator | undefined;
+  #loop: Promise<void> | undefined;
+  #starting: Promise<boolean> | undefined;
+  #generation = 0;
+  #lastRevision = 0;
+  #lastEventMs = 0;
+  #live = false;
+  #closed = false;
+  #waiters = new Set<Waiter>();
+  #listeners = new Set<(work: ActiveWork) => void>();
+
+  constructor(kv: KV, syncTimeoutMs: number) {
+    this.#kv = kv;
+    this.#syncTimeoutMs = syncTimeoutMs;
+  }
+
+  /**
+   * Starts the watch if it is not running and waits until its first snapshot is complete.
+   * Resolves `true` when this call (re)built the index, which then reflects every marker
+   * written before the call.
+   */
+  ready(): Promise<boolean> {
+    if (this.#closed) return Promise.reject(new NatsKvIndexError("The outbox was closed"));
+    if (this.#starting) return this.#starting.then(() => false);
+    const starting = this.#start();
+    this.#starting = starting;
+    starting.catch(() => {
+      if (this.#starting === starting) this.#starting = undefined;
+    });
+    return starting;
+  }
+
+  /**
+   * A barrier: resolves once the index reflects every marker written before the call. Writes
+   * one small entry (`q._sync`) and waits for the watch to deliver it. On timeout the watch is
+   * rebuilt once before giving up with {@linkcode NatsKvIndexError}.
+   */
+  async sync(): Promise<void> {
+    if (await this.ready()) return;
+    try {
+      await this.#barrier();
+    } catch (error) {
+      if (this.#closed) throw error;
+      await this.restart();
+    }
+  }
+
+  /** Stops the current watch and builds the index again from a fresh snapshot. */
+  async restart(): Promise<void> {
+    await this.#stopWatch();
+    this.#starting = undefined;
+    await this.ready();
+  }
+
+  /** Up to `max` entries that may be due at `nowMs`, oldest first, except those `skip` names. */
+  candidates(nowMs: number, max: number, skip: (entry: ActiveEntry) => boolean): ActiveEntry[] {
+    this.#compact();
+    const out: ActiveEntry[] = [];
+    for (const entry of this.#sorted) {
+      if (out.length >= max) break;
+      if (entry.removed || entry.dueMs > nowMs || skip(entry)) continue;
+      out.push(entry);
+    }
+    return out;
+  }
+
+  /** The entry for a marker key. */
+  get(markerKey: string): ActiveEntry | undefined {
+    return this.#entries.get(markerKey);
+  }
+
+  /** Records what a read or write taught us about a message's due time. */
+  hint(markerKey: string, dueMs: number, recordRevision: number): void {
+    const entry = this.#entries.get(markerKey);
+    if (!entry || recordRevision < entry.hintRevision) return;
+    entry.dueMs = dueMs;
+    entry.hintRevision = recordRevision;
+  }
+
+  /**
+   * Records the revision of a marker this process just wrote, before its watch event arrives, so
+   * a conditional delete soon after uses the right revision.
+   */
+  wroteMarker(markerKey: string, revision: number): void {
+    const entry = this.#entries.get(markerKey);
+    if (entry && revision > entry.markerRevision) entry.markerRevision = revision;
+  }
+
+  /** Removes an entry whose marker this process deleted (or found useless). */
+  forget(markerKey: string): void {
+    const entry = this.#entries.get(markerKey);
+    if (entry) this.#remove(entry);
+  }
+
+  /** Number of active entries. */
+  get size(): number {
+    return this.#entries.size;
+  }
+
+  /** Active entries (unordered snapshot). */
+  entries(): ActiveEntry[] {
+    return [...this.#entries.values()];
+  }
+
+  /** Calls `listener` for every marker written after the index became live, by any process. */
+  addListener(listener: (work: ActiveWork) => void): void {
+    this.#listeners.add(listener);
+  }
+
+  /** Stops calling `listener`. */
+  removeListener(listener: (work: ActiveWork) => void): void {
+    this.#listeners.delete(listener);
+  }
+
+  /** Stops the watch for good. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    this.#listeners.clear();
+    await this.#stopWatch();
+  }
+
+  async #start(): Promise<boolean> {
+    if (this.#iterator) await this.#stopWatch();
+    const generation = ++this.#generation;
+    this.#entries = new Map();
+    this.#sorted = [];
+    this.#removedInSorted = 0;
+    this.#lastRevision = 0;
+    this.#live = false;
+    const iterator = await this.#kv.watch({ key: `${markerPrefix}.>` });
+    if (this.#closed || generation !== this.#generation) {
+      iterator.stop();
+      throw new NatsKvIndexError("The outbox index was stopped while starting");
+    }
+    this.#iterator = iterator;
+    this.#loop = this.#consume(iterator, generation);
+    try {
+      await this.#barrier();
+    } catch (error) {
+      if (generation === this.#generation) await this.#stopWatch();
+      throw error;
+    }
+    this.#live = true;
+    return true;
+  }
+
+  async #consume(iterator: WatchIterator, generation: number): Promise<void> {
+    let failure: unknown;
+    try {
+      for await (const entry of iterator) {
+        if (generation !== this.#generation) break;
+        this.#apply(entry);
+      }
+    } catch (error) {
+      failure = error;
+    }
+    if (generation !== this.#generation) return;
+    // The watch ended on its own (stream deleted, consumer gone): forget it; the next claim
+    // builds the index again.
+    this.#iterator = undefined;
+    this.#loop = undefined;
+    this.#starting = undefined;
+    this.#generation += 1;
+    const error = new NatsKvIndexError("The watch on the outbox markers stopped", {
+      cause: failure,
+    });
+    for (const waiter of this.#waiters) waiter.reject(error);
+    this.#waiters.clear();
+  }
+
+  async #stopWatch(): Promise<void> {
+    this.#generation += 1;
+    const iterator = this.#iterator;
+    const loop = this.#loop;
+    this.#iterator = undefined;
+    this.#loop = undefined;
+    const error = new NatsKvIndexError("The watch on the outbox markers was stopped");
+    for (const waiter of this.#waiters) waiter.reject(error);
+    this.#waiters.clear();
+    iterator?.stop();
+    await loop;
+  }
+
+  async #barrier(): Promise<void> {
+    const revision = await this.#kv.put(syncKey, `${Date.now()}`);
+    if (this.#lastRevision >= revision) return;
+    await new Promise<void>((resolve, reject) => {
+      // Gives up only when the watch stalls: a long snapshot that keeps delivering is waited for.
+      const check = () => {
+        const idleMs = Date.now() - Math.max(this.#lastEventMs, startedMs);
+        if (idleMs < this.#syncTimeoutMs) {
+          timer = setTimeout(check, this.#syncTimeoutMs - idleMs);
+          return;
+        }
+        this.#waiters.delete(waiter);
+        reject(
+          new NatsKvIndexError(
+            `The watch on the outbox markers delivered nothing for ${this.#syncTimeoutMs} ms`,
+          ),
+        );
+      };
+      const startedMs = Date.now();
+      let timer = setTimeout(check, this.#syncTimeoutMs);
+      const waiter: Waiter = {
+        revision,
+        resolve: () => {
+          clearTimeout(timer);
+          resolve();
+        },
+        reject: (error) => {
+          clearTimeout(timer);
+          reject(error);
+        },
+      };
+      this.#waiters.add(waiter);
+    });
+  }
+
+  #apply(entry: KvWatchEntry): void {
+    this.#lastEventMs = Date.now();
+    if (entry.revision > this.#lastRevision) this.#lastRevision = entry.revision;
+    if (entry.key !== syncKey) {
+      if (entry.operation === "PUT") this.#upsert(entry);
+      else {
+        const known = this.#entries.get(entry.key);
+        if (known && entry.revision > known.markerRevision) this.#remove(known);
+      }
+    }
+    for (const waiter of this.#waiters) {
+      if (waiter.revision <= this.#lastRevision) {
+        this.#waiters.delete(waiter);
+        waiter.resolve();
+      }
+    }
+  }
+
+  #upsert(watched: KvWatchEntry): void {
+    const marker = decodeMarker(watched.value);
+    const id = marker?.id ?? decodeToken(tokenOf(watched.key));
+    const dueMs = marker?.due === undefined ? -Infinity : Date.parse(marker.due);
+    const known = this.#entries.get(watched.key);
+    if (known) {
+      // Equal: the event of a write this process already noted (wroteMarker); apply it anyway.
+      if (watched.revision < known.markerRevision) return;
+      known.markerRevision = watched.revision;
+      known.markerWrittenMs = watched.created.getTime();
+      if (marker?.seq !== undefined && marker.seq !== known.order) {
+        this.#remove(known);
+        this.#insert({ ...known, order: marker.seq, removed: false });
+      }
+      this.hint(watched.key, dueMs, marker?.rev ?? 0);
+    } else {
+      this.#insert({
+        markerKey: watched.key,
+        recordKey: recordKeyOf(watched.key),
+        id,
+        order: marker?.seq ?? watched.revision,
+        markerRevision: watched.revision,
+        markerWrittenMs: watched.created.getTime(),
+        dueMs,
+        hintRevision: marker?.rev ?? 0,
+        removed: false,
+      });
+    }
+    if (!this.#live || this.#listeners.size === 0) return;
+    const work: ActiveWork = { id: id ?? "" };
+    if (marker?.due !== undefined) work.dueAt = marker.due;
+    for (const listener of this.#listeners) {
+      try {
+        listener(work);
+      } catch {
+        // A listener's failure is its own; the index keeps going.
+      }
+    }
+  }
+
+  #insert(entry: ActiveEntry): void {
+    this.#entries.set(entry.markerKey, entry);
+    const sorted = this.#sorted;
+    const last = sorted[sorted.length - 1];
+    if (!last || before(last, entry)) {
+      sorted.push(entry);
+      return;
+    }
+    let low = 0;
+    let high = sorted.length;
+    while (low < high) {
+      const mid = (low + high) >>> 1;
+      if (before(sorted[mid], entry)) low = mid + 1;
+      else high = mid;
+    }
+    sorted.splice(low, 0, entry);
+  }
+
+  #remove(entry: ActiveEntry): void {
+    if (entry.removed) return;
+    entry.removed = true;
+    this.#removedInSorted += 1;
+    if (this.#entries.get(entry.markerKey) === entry) this.#entries.delete(entry.markerKey);
+  }
+
+  #compact(): void {
+    if (this.#removedInSorted < 64 || this.#removedInSorted * 2 < this.#sorted.length) return;
+    this.#sorted = this.#sorted.filter((entry) => !entry.removed);
+    this.#removedInSorted = 0;
+  }
+}
+
+function before(a: ActiveEntry, b: ActiveEntry): boolean {
+  return a.order < b.order || (a.order === b.order && a.markerKey < b.markerKey);
+}

@@ -1,0 +1,57 @@
+/**
+ * JetStream API errors, recognised by their numeric error codes (never by message text), and the
+ * KV store's own error.
+ *
+ * @module
+ */
+
+/** JetStream API error code: the subject's last sequence was not the expected one (CAS lost). */
+export const wrongLastSequenceCode = 10071;
+/** JetStream API error code: wrong last sequence, reported as unknown by newer servers. */
+export const wrongLastSequenceUnknownCode = 10164;
+
+/**
+ * The JetStream API error code (`err_code`) of `error` or of an error in its `cause` chain, or
+ * `undefined`. Works on `JetStreamApiError` from `@nats-io/jetstream` without importing it (the
+ * caller may use another copy of the package).
+ */
+export function jetStreamErrorCode(error: unknown): number | undefined {
+  for (let current = error, depth = 0; current && depth < 5; depth++) {
+    if (typeof current !== "object") return undefined;
+    const candidate = current as { code?: unknown; apiError?: unknown; name?: unknown };
+    if (
+      typeof candidate.code === "number" &&
+      (typeof candidate.apiError === "function" || candidate.name === "JetStreamApiError")
+    ) {
+      return candidate.code;
+    }
+    current = (current as { cause?: unknown }).cause;
+  }
+  return undefined;
+}
+
+/** Whether `error` says a write's expected revision did not match (another writer won). */
+export function isWrongLastSequence(error: unknown): boolean {
+  const code = jetStreamErrorCode(error);
+  return code === wrongLastSequenceCode || code === wrongLastSequenceUnknownCode;
+}
+
+/**
+ * The NATS KV outbox could not bring its in-process index of active messages up to date (its
+ * watch on the bucket did not deliver its own barrier write in time, or stopped). The claim that
+ * raised it changed nothing it did not return; retry later.
+ *
+ * @example
+ * ```ts
+ * import { NatsKvIndexError } from "@outbox/nats";
+ * const error = new NatsKvIndexError("watch stopped");
+ * console.log(error.name); // "NatsKvIndexError"
+ * ```
+ */
+export class NatsKvIndexError extends Error {
+  /** Creates the error with a message that says what failed. */
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "NatsKvIndexError";
+  }
+}

@@ -1,0 +1,877 @@
+/**
+ * An outbox on a NATS KV bucket (`@nats-io/kv`), with the semantics of the SQL stores.
+ *
+ * Layout (one bucket, keys from {@link ./keys.ts}):
+ * - `m.<token>`: the canonical record of a message (JSON, schema in {@link ./records.ts}).
+ *   Every state change is a revision compare-and-set (`update(key, value, revision)`), so two
+ *   claimers never both win and a mark only applies to the claim it fences.
+ * - `q.<token>`: an active-index marker that exists while the message is pending, claimed or
+ *   failed. Claims find due work through a watch on `q.>` (see {@link ./active_index.ts}), never
+ *   by listing records, so dispatched records kept for retention cost a claim nothing.
+ *
+ * Crash safety: the record is the truth, the marker only a pointer. Every state between the two
+ * writes heals itself: a marker whose record is terminal, corrupt or (after a grace period)
+ * missing is deleted by the next claim that sees it; a record left active without a marker is
+ * re-indexed by a duplicate `enqueue` of the same id or by {@linkcode NatsKvOutboxRepository.repair}.
+ *
+ * @module
+ */
+
+import type { KV, KvEntry } from "@nats-io/kv";
+import { OutboxStorageConflictError, OutboxValidationError } from "../../core/errors.ts";
+import { assertOutboxIdentity } from "../../core/identity.ts";
+import { checkedBatchSize, checkedLimit } from "../../core/limits.ts";
+import { addMs, defaultLeaseMs } from "../../core/time.ts";
+import type {
+  JsonValue,
+  OutboxAdmin,
+  OutboxClaim,
+  OutboxClaimOptions,
+  OutboxDeadLetter,
+  OutboxFailure,
+  OutboxListDeadOptions,
+  OutboxMark,
+  OutboxMessage,
+  OutboxPruneOptions,
+  OutboxPruneResult,
+  OutboxRecord,
+  OutboxRepository,
+  OutboxStats,
+} from "../../core/types.ts";
+import { validateOutboxRecord } from "../../core/validate.ts";
+import { type ActiveEntry, ActiveIndex, type ActiveWork } from "./active_index.ts";
+import { isWrongLastSequence } from "./errors.ts";
+import { decodeToken, markerKeyOf, outboxRecordKey, recordPrefix, tokenOf } from "./keys.ts";
+import {
+  corruptMessage,
+  decodeRecord,
+  encodeJson,
+  type Marker,
+  type StoredOutboxRecord,
+  toMessage,
+} from "./records.ts";
+import { rawPurger, scanLatest } from "./scan.ts";
+
+/**
+ * Options of {@linkcode NatsKvOutboxRepository}.
+ *
+ * @example
+ * ```ts
+ * import type { NatsKvOutboxOptions } from "@outbox/nats";
+ * const options: NatsKvOutboxOptions = { orphanGraceMs: 120_000, syncTimeoutMs: 10_000 };
+ * ```
+ */
+export interface NatsKvOutboxOptions {
+  /**
+   * How old a marker must be before a claim that finds no record behind it deletes it (a
+   * record write still in flight must not lose its marker).
+   *
+   * @default {60000}
+   */
+  orphanGraceMs?: number;
+  /**
+   * How long the watch on the markers may deliver nothing while a claim waits for its own
+   * barrier write; then the watch is rebuilt once, and then the claim gives up with
+   * `NatsKvIndexError`. A long snapshot that keeps delivering is waited for.
+   *
+   * @default {5000}
+   */
+  syncTimeoutMs?: number;
+  /**
+   * How many of its own claims the repository remembers (record and revision), so settling one
+   * of them needs a single write instead of a read and a write.
+   *
+   * @default {10000}
+   */
+  claimCacheSize?: number;
+}
+
+/**
+ * What a work listener registered with {@linkcode NatsKvOutboxRepository.watch} is told.
+ *
+ * @example
+ * ```ts
+ * import type { NatsKvWork } from "@outbox/nats";
+ * const onWork = (work: NatsKvWork) => console.log(work.id, work.dueAt ?? "due now");
+ * ```
+ */
+export interface NatsKvWork {
+  /** The message id (empty when the marker is damaged and the id is too long to be in its key). */
+  id: string;
+  /** When the message becomes due, if not now (a failed message waiting for its retry). */
+  dueAt?: string;
+}
+
+/**
+ * A work listener: called (synchronously, from the watch) whenever a message becomes active or
+ * is rescheduled in any process using the bucket.
+ *
+ * @example
+ * ```ts
+ * import type { NatsKvWorkListener } from "@outbox/nats";
+ * const listener: NatsKvWorkListener = (work) => {
+ *   if (work.dueAt === undefined) console.log("new work", work.id);
+ * };
+ * ```
+ */
+export type NatsKvWorkListener = (work: NatsKvWork) => void;
+
+/**
+ * What {@linkcode NatsKvOutboxRepository.repair} found and fixed.
+ *
+ * @example
+ * ```ts
+ * import type { NatsKvRepairResult } from "@outbox/nats";
+ * const result: NatsKvRepairResult = { records: 10, markersCreated: 1, markersRemoved: 0 };
+ * ```
+ */
+export interface NatsKvRepairResult {
+  /** Records scanned. */
+  records: number;
+  /** Active records that had lost their marker and got it back. */
+  markersCreated: number;
+  /** Markers removed because their record is settled, corrupt or missing. */
+  markersRemoved: number;
+}
+
+interface Cached {
+  revision: number;
+  record: StoredOutboxRecord;
+}
+
+type Claimed = { order: number; message: OutboxMessage };
+
+/**
+ * An outbox stored in a NATS KV bucket: `enqueue`, `claimDue` and the fenced marks of
+ * {@linkcode OutboxRepository}, plus the retention and administration of
+ * {@linkcode OutboxAdmin}, a cross-process wake-up ({@linkcode NatsKvOutboxRepository.watch})
+ * and a crash repair scan. Create the bucket with `createOutboxBucket` (history 1, file storage)
+ * and share it between every process of the service; call `close()` when done.
+ *
+ * A claim reads about `limit` records whatever the number of dispatched records kept in the
+ * bucket: due work is found through an in-process index fed by a watch on the active-index
+ * markers. Message ids of any form round-trip (keys are base64url, or a SHA-256 for ids over
+ * 768 bytes). Duplicates and lost races are recognised by JetStream error codes.
+ *
+ * @example
+ * ```ts
+ * import { connect } from "@nats-io/transport-node";
+ * import { Kvm } from "@nats-io/kv";
+ * import { createOutboxBucket, NatsKvOutboxRepository } from "@outbox/nats";
+ *
+ * const nc = await connect({ servers: "nats://127.0.0.1:4222" });
+ * const kv = await createOutboxBucket(new Kvm(nc), "orders_outbox");
+ * const outbox = new NatsKvOutboxRepository(kv);
+ * await outbox.enqueue({
+ *   id: "order-1-created", kind: "event.publish", name: "order.created",
+ *   subject: "orders.created", payload: JSON.stringify({ id: 1 }), headers: {},
+ * });
+ * const claimed = await outbox.claimDue(25, new Date());
+ * for (const message of claimed) await outbox.markDispatched(message, new Date());
+ * await outbox.close();
+ * await nc.close();
+ * ```
+ */
+export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
+  readonly #kv: KV;
+  readonly #index: ActiveIndex;
+  readonly #orphanGraceMs: number;
+  readonly #claimCacheSize: number;
+  readonly #claims = new Map<string, Cached>();
+  readonly #inFlight = new Set<string>();
+
+  /** Uses `kv` (a bucket from `Kvm#create` / `Kvm#open`, or `createOutboxBucket`). */
+  constructor(kv: KV, options: NatsKvOutboxOptions = {}) {
+    this.#kv = kv;
+    this.#orphanGraceMs = nonNegative("orphanGraceMs", options.orphanGraceMs ?? 60_000);
+    this.#claimCacheSize = nonNegative("claimCacheSize", options.claimCacheSize ?? 10_000);
+    this.#index = new ActiveIndex(kv, nonNegative("syncTimeoutMs", options.syncTimeoutMs ?? 5_000));
+  }
+
+  /** Stores a record as `pending`; see {@linkcode OutboxRepository.enqueue}. */
+  async enqueue(record: OutboxRecord): Promise<OutboxMessage> {
+    const valid = validateOutboxRecord(record);
+    return await this.#store(valid, new Date());
+  }
+
+  /**
+   * Stores many records, validated first; see {@linkcode OutboxRepository.enqueueMany}. Ids
+   * already stored with other content are detected before anything is written (a concurrent
+   * writer can still win between the check and the write; that record then throws alone).
+   */
+  async enqueueMany(records: readonly OutboxRecord[]): Promise<OutboxMessage[]> {
+    const valid = records.map(validateOutboxRecord);
+    if (valid.length === 0) return [];
+    const first = new Map<string, OutboxRecord>();
+    for (const record of valid) {
+      const earlier = first.get(record.id);
+      if (earlier) assertOutboxIdentity(earlier, record);
+      else first.set(record.id, record);
+    }
+    const unique = [...first.values()];
+    if (unique.length > 1) {
+      const existing = await Promise.all(unique.map((record) => this.#read(record.id)));
+      existing.forEach((stored, i) => {
+        if (stored?.ok) assertOutboxIdentity(stored.record, unique[i]);
+      });
+    }
+    const now = new Date();
+    // Keys first (hashing is asynchronous), then every write issued in one go, in input order,
+    // so the enqueue order (the marker revisions) follows the input.
+    const keys = await Promise.all(unique.map((record) => outboxRecordKey(record.id)));
+    const stored = await Promise.all(unique.map((record, i) => this.#store(record, now, keys[i])));
+    const byId = new Map(stored.map((message) => [message.id, message]));
+    return valid.map((record) => structuredClone(byId.get(record.id)!));
+  }
+
+  /**
+   * Reads one message, or `undefined`. A stored entry that cannot be decoded is returned as a
+   * best-effort `dead` message whose `lastError` says why it is corrupt.
+   */
+  async get(id: string): Promise<OutboxMessage | undefined> {
+    const key = await outboxRecordKey(id);
+    const entry = await this.#kv.get(key);
+    if (!entry || entry.operation !== "PUT") return undefined;
+    const decoded = decodeRecord(entry.value, id);
+    return decoded.ok
+      ? toMessage(decoded.record)
+      : corruptMessage(decoded.raw, id, entry.created.toISOString(), decoded.error);
+  }
+
+  /**
+   * Claims up to `limit` due messages, oldest first; see {@linkcode OutboxRepository.claimDue}.
+   * Reads about `limit` records (plus one per stale hint or lost race); when the index cannot
+   * fill the claim it first syncs with the bucket (one small write), so a claim that returns
+   * fewer than `limit` messages has seen every message enqueued before it started.
+   */
+  async claimDue(
+    limit: number,
+    now: Date,
+    options: OutboxClaimOptions = {},
+  ): Promise<OutboxMessage[]> {
+    const max = checkedLimit(limit);
+    const leaseMs = options.leaseMs ?? defaultLeaseMs;
+    if (!Number.isFinite(leaseMs) || leaseMs < 0) {
+      throw new OutboxValidationError("leaseMs", `leaseMs must be a number >= 0, got ${leaseMs}`);
+    }
+    if (max === 0) return [];
+    let synced = await this.#index.ready();
+    const nowMs = now.getTime();
+    const nowIso = now.toISOString();
+    const leaseUntil = addMs(now, leaseMs).toISOString();
+    const tried = new Set<string>();
+    const claimed: Claimed[] = [];
+    const failures: unknown[] = [];
+    let readAhead = max;
+    while (claimed.length < max) {
+      const want = max - claimed.length;
+      const candidates = this.#index.candidates(
+        nowMs,
+        Math.max(want, readAhead),
+        (entry) => tried.has(entry.markerKey) || this.#inFlight.has(entry.markerKey),
+      );
+      if (candidates.length === 0) {
+        if (synced) break;
+        await this.#index.sync();
+        synced = true;
+        continue;
+      }
+      for (const entry of candidates) this.#inFlight.add(entry.markerKey);
+      try {
+        // Phase 1: read every candidate at once; phase 2: claim the oldest `want` due ones.
+        const read = await Promise.all(
+          candidates.map((entry) =>
+            this.#inspect(entry).catch((error) => {
+              failures.push(error);
+              return "failed" as const;
+            })
+          ),
+        );
+        const due: Array<{ entry: ActiveEntry; record: StoredOutboxRecord; revision: number }> = [];
+        read.forEach((outcome, i) => {
+          const entry = candidates[i];
+          if (typeof outcome === "string") {
+            tried.add(entry.markerKey);
+            return;
+          }
+          const dueAt = outcome.record.nextAttemptAt;
+          if (outcome.record.state !== "pending" && Date.parse(dueAt!) > nowMs) {
+            this.#index.hint(entry.markerKey, Date.parse(dueAt!), outcome.revision);
+            tried.add(entry.markerKey);
+          } else if (due.length < want) {
+            due.push({ entry, ...outcome });
+            tried.add(entry.markerKey);
+          }
+          // Due but beyond `want`: left untried, a next round may claim it.
+        });
+        const won = await Promise.all(
+          due.map(({ entry, record, revision }) =>
+            this.#claimOne(entry, record, revision, nowIso, leaseUntil).catch((error) => {
+              failures.push(error);
+              return undefined;
+            })
+          ),
+        );
+        let gained = 0;
+        for (const result of won) {
+          if (result) {
+            claimed.push(result);
+            gained += 1;
+          }
+        }
+        // Stale hints (a process start, other claimers' leases): read further ahead next time.
+        if (gained < want) readAhead = Math.min(Math.max(readAhead, want) * 2, maxReadAhead);
+      } finally {
+        for (const entry of candidates) this.#inFlight.delete(entry.markerKey);
+      }
+      if (failures.length > 0) break;
+    }
+    // Claims that succeeded are returned even if others failed (they hold leases).
+    if (claimed.length === 0 && failures.length > 0) throw failures[0];
+    return claimed.sort((a, b) => a.order - b.order).map((result) => result.message);
+  }
+
+  /** Settles a claim as dispatched (fenced); `false` when the claim was superseded. */
+  markDispatched(claim: OutboxClaim, now: Date, outcome?: JsonValue): Promise<boolean> {
+    return this.#settle({ claim, state: "dispatched", outcome }, now);
+  }
+
+  /** Records a failed attempt (fenced); `false` when the claim was superseded. */
+  markFailed(claim: OutboxClaim, failure: OutboxFailure): Promise<boolean> {
+    return this.#settle(
+      { claim, state: "failed", error: failure.error, nextAttemptAt: failure.nextAttemptAt },
+      failure.now,
+    );
+  }
+
+  /** Moves a claimed message to `dead` (fenced); `false` when the claim was superseded. */
+  markDead(claim: OutboxClaim, dead: OutboxDeadLetter): Promise<boolean> {
+    return this.#settle({ claim, state: "dead", error: dead.error }, dead.now);
+  }
+
+  /**
+   * Settles many claims; one boolean per mark. Every mark's KV operations are issued at once
+   * (one write each for claims made by this repository, a read and a write otherwise), so a
+   * batch costs about one round trip, plus one for the marker updates. Rejects if the KV
+   * reports an error other than a lost race, after every mark has settled.
+   */
+  async markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
+    const settled = await Promise.allSettled(marks.map((mark) => this.#settle(mark, now)));
+    const failed = settled.find((result) => result.status === "rejected");
+    if (failed) throw (failed as PromiseRejectedResult).reason;
+    return settled.map((result) => (result as PromiseFulfilledResult<boolean>).value);
+  }
+
+  /**
+   * Deletes old `dispatched` (and `dead`) records in batches of `batchSize` concurrent deletes.
+   * Scans the records once (admin cost: proportional to the bucket). A record that changed
+   * since the scan (a requeue) is kept. On a `Bucket` from `@nats-io/kv` the entries are removed
+   * without tombstones (and the marker tombstone with them), so a restarted claimer's watch
+   * does not replay them; on other KV objects a purge tombstone stays.
+   */
+  async prune(options: OutboxPruneOptions): Promise<OutboxPruneResult> {
+    const batchSize = checkedBatchSize(options.batchSize);
+    const result: OutboxPruneResult = { dispatched: 0, dead: 0 };
+    const dispatchedBefore = options.dispatchedBefore?.toISOString();
+    const deadBefore = options.deadBefore?.toISOString();
+    if (dispatchedBefore === undefined && deadBefore === undefined) return result;
+    const victims = { dispatched: [] as KvEntry[], dead: [] as KvEntry[] };
+    await scanLatest(this.#kv, `${recordPrefix}.>`, (entry) => {
+      if (entry.operation !== "PUT") return;
+      const decoded = decodeRecord(entry.value, decodeToken(tokenOf(entry.key)));
+      if (!decoded.ok) {
+        if (deadBefore !== undefined && entry.created.toISOString() < deadBefore) {
+          victims.dead.push(entry);
+        }
+        return;
+      }
+      const { state, updatedAt } = decoded.record;
+      if (
+        state === "dispatched" && dispatchedBefore !== undefined && updatedAt < dispatchedBefore
+      ) {
+        victims.dispatched.push(entry);
+      } else if (state === "dead" && deadBefore !== undefined && updatedAt < deadBefore) {
+        victims.dead.push(entry);
+      }
+    });
+    const purge = rawPurger(this.#kv);
+    for (const state of ["dispatched", "dead"] as const) {
+      const entries = victims[state];
+      for (let start = 0; start < entries.length; start += batchSize) {
+        const batch = entries.slice(start, start + batchSize);
+        if (options.dryRun) result[state] += batch.length;
+        else {
+          const removed = await Promise.all(batch.map((entry) => this.#remove(entry, purge)));
+          result[state] += removed.filter(Boolean).length;
+        }
+        options.onProgress?.({ ...result });
+      }
+    }
+    return result;
+  }
+
+  /**
+   * Counts per state and the backlog at `now`. Scans the records (admin cost: proportional to
+   * the bucket). Entries that cannot be decoded count as `dead`.
+   */
+  async stats(now: Date = new Date()): Promise<OutboxStats> {
+    const nowMs = now.getTime();
+    const stats: OutboxStats = {
+      pending: 0,
+      claimed: 0,
+      failed: 0,
+      dispatched: 0,
+      dead: 0,
+      due: 0,
+    };
+    await scanLatest(this.#kv, `${recordPrefix}.>`, (entry) => {
+      if (entry.operation !== "PUT") return;
+      const decoded = decodeRecord(entry.value, decodeToken(tokenOf(entry.key)));
+      if (!decoded.ok) {
+        stats.dead += 1;
+        return;
+      }
+      const record = decoded.record;
+      stats[record.state] += 1;
+      if (record.state === "dispatched" || record.state === "dead") return;
+      if (record.state !== "pending" && Date.parse(record.nextAttemptAt!) > nowMs) return;
+      stats.due += 1;
+      if (stats.oldestDueCreatedAt === undefined || record.createdAt < stats.oldestDueCreatedAt) {
+        stats.oldestDueCreatedAt = record.createdAt;
+      }
+    });
+    if (stats.oldestDueCreatedAt !== undefined) {
+      stats.oldestDueAgeMs = Math.max(0, nowMs - Date.parse(stats.oldestDueCreatedAt));
+    }
+    return stats;
+  }
+
+  /**
+   * Lists `dead` messages, oldest first (enqueue order). Entries that cannot be decoded are
+   * listed as best-effort `dead` messages (never a throw). Scans the records.
+   */
+  async listDead(options: OutboxListDeadOptions = {}): Promise<OutboxMessage[]> {
+    const limit = checkedLimit(options.limit ?? 100);
+    if (limit === 0) return [];
+    const dead: Claimed[] = [];
+    await scanLatest(this.#kv, `${recordPrefix}.>`, (entry) => {
+      if (entry.operation !== "PUT") return;
+      const keyId = decodeToken(tokenOf(entry.key));
+      const decoded = decodeRecord(entry.value, keyId);
+      if (decoded.ok) {
+        if (decoded.record.state === "dead") {
+          dead.push({
+            order: decoded.record.seq ?? entry.revision,
+            message: toMessage(decoded.record),
+          });
+        }
+        return;
+      }
+      const rawId = (decoded.raw as { id?: unknown } | null)?.id;
+      const id = keyId ?? (typeof rawId === "string" ? rawId : entry.key);
+      dead.push({
+        order: entry.revision,
+        message: corruptMessage(decoded.raw, id, entry.created.toISOString(), decoded.error),
+      });
+    });
+    return dead.sort((a, b) => a.order - b.order).slice(0, limit).map((item) => item.message);
+  }
+
+  /**
+   * Moves `dead` messages back to `pending` (attempts 0, `lastError` kept, enqueue order kept)
+   * and re-indexes them; returns how many changed. Unknown ids, settled messages and entries
+   * that cannot be decoded are ignored; an id that is already active only gets its marker back
+   * if it lost it (so after a crash in the middle of a requeue, requeue the same ids again).
+   */
+  async requeue(ids: readonly string[], now: Date = new Date()): Promise<number> {
+    const nowIso = now.toISOString();
+    const changed = await Promise.all([...new Set(ids)].map(async (id) => {
+      const key = await outboxRecordKey(id);
+      const entry = await this.#kv.get(key);
+      if (!entry || entry.operation !== "PUT") return 0;
+      const decoded = decodeRecord(entry.value, id);
+      if (!decoded.ok || decoded.record.state === "dispatched") return 0;
+      if (decoded.record.state !== "dead") {
+        // Already active (perhaps an earlier requeue crashed before writing the marker):
+        // make sure it is indexed, so running requeue again is the way to recover.
+        await this.#ensureMarker(key, decoded.record, entry.revision);
+        return 0;
+      }
+      const next: StoredOutboxRecord = {
+        ...decoded.record,
+        state: "pending",
+        attempts: 0,
+        updatedAt: nowIso,
+      };
+      delete next.nextAttemptAt;
+      let revision: number;
+      try {
+        revision = await this.#kv.update(key, encodeJson(next), entry.revision);
+      } catch (error) {
+        if (isWrongLastSequence(error)) return 0;
+        throw error;
+      }
+      const marker: Marker = { v: 1, id, rev: revision };
+      if (next.seq !== undefined) marker.seq = next.seq;
+      await this.#kv.put(markerKeyOf(key), encodeJson(marker));
+      return 1;
+    }));
+    return changed.reduce<number>((sum, n) => sum + n, 0);
+  }
+
+  /**
+   * Calls `onWork` whenever a message becomes active (enqueued, requeued, or rescheduled after a
+   * failure: then `dueAt` is set) in ANY process using the bucket, so a dispatcher can claim at
+   * once instead of polling. The callback runs after this repository's index already holds the
+   * message, so a `claimDue` started from it sees the message. Keep polling as a fallback (a
+   * listener is not called for work that was already there when it was added, nor while the
+   * watch is being rebuilt). Resolves, once the watch runs, to a function that removes the
+   * listener.
+   *
+   * @example
+   * ```ts
+   * import { Kvm } from "@nats-io/kv";
+   * import { connect } from "@nats-io/transport-node";
+   * import { createOutboxBucket, NatsKvOutboxRepository } from "@outbox/nats";
+   *
+   * const nc = await connect({ servers: "nats://127.0.0.1:4222" });
+   * const outbox = new NatsKvOutboxRepository(await createOutboxBucket(new Kvm(nc), "outbox"));
+   * const unwatch = await outbox.watch((work) => {
+   *   if (work.dueAt === undefined) console.log("claim now, new work:", work.id);
+   * });
+   * // ... later
+   * await unwatch();
+   * await outbox.close();
+   * ```
+   */
+  async watch(onWork: NatsKvWorkListener): Promise<() => Promise<void>> {
+    const listener = (work: ActiveWork) => onWork(work);
+    this.#index.addListener(listener);
+    try {
+      await this.#index.ready();
+    } catch (error) {
+      this.#index.removeListener(listener);
+      throw error;
+    }
+    return () => {
+      this.#index.removeListener(listener);
+      return Promise.resolve();
+    };
+  }
+
+  /**
+   * The repair scan, for after crashes or manual edits of the bucket: re-creates the marker of
+   * every active record that lost it (a crash between the record write and the marker write)
+   * and removes markers whose record is settled, corrupt or missing. Reads every record once
+   * (admin cost); safe to run at any time, concurrently with claims.
+   *
+   * @example
+   * ```ts
+   * import { Kvm } from "@nats-io/kv";
+   * import { connect } from "@nats-io/transport-node";
+   * import { createOutboxBucket, NatsKvOutboxRepository } from "@outbox/nats";
+   *
+   * const nc = await connect({ servers: "nats://127.0.0.1:4222" });
+   * const outbox = new NatsKvOutboxRepository(await createOutboxBucket(new Kvm(nc), "outbox"));
+   * const { markersCreated, markersRemoved } = await outbox.repair();
+   * await outbox.close();
+   * ```
+   */
+  async repair(): Promise<NatsKvRepairResult> {
+    await this.#index.sync();
+    const result: NatsKvRepairResult = { records: 0, markersCreated: 0, markersRemoved: 0 };
+    const active = new Set<string>();
+    const missing: Array<Promise<void>> = [];
+    await scanLatest(this.#kv, `${recordPrefix}.>`, (entry) => {
+      if (entry.operation !== "PUT") return;
+      result.records += 1;
+      const decoded = decodeRecord(entry.value, decodeToken(tokenOf(entry.key)));
+      if (!decoded.ok) return;
+      const { state } = decoded.record;
+      if (state === "dispatched" || state === "dead") return;
+      const markerKey = markerKeyOf(entry.key);
+      active.add(markerKey);
+      if (this.#index.get(markerKey)) return;
+      missing.push(
+        this.#ensureMarker(entry.key, decoded.record, entry.revision).then((created) => {
+          if (created) result.markersCreated += 1;
+        }),
+      );
+    });
+    await Promise.all(missing);
+    const suspects = this.#index.entries().filter((entry) => !active.has(entry.markerKey));
+    const removed = await Promise.all(suspects.map((entry) => this.#inspect(entry)));
+    result.markersRemoved = removed.filter((outcome) => outcome === "dropped").length;
+    return result;
+  }
+
+  /**
+   * Stops the watch this repository keeps on the bucket (claims and `watch` start it). Call it
+   * before closing the NATS connection.
+   */
+  async close(): Promise<void> {
+    await this.#index.close();
+  }
+
+  /** Creates the marker of an active record unless one exists. */
+  async #ensureMarker(key: string, record: StoredOutboxRecord, revision: number): Promise<boolean> {
+    const marker: Marker = { v: 1, id: record.id, rev: revision };
+    if (record.seq !== undefined) marker.seq = record.seq;
+    try {
+      await this.#kv.create(markerKeyOf(key), encodeJson(marker));
+      return true;
+    } catch (error) {
+      if (isWrongLastSequence(error)) return false;
+      throw error;
+    }
+  }
+
+  async #read(
+    id: string,
+  ): Promise<{ ok: true; record: StoredOutboxRecord } | { ok: false } | undefined> {
+    const entry = await this.#kv.get(await outboxRecordKey(id));
+    if (!entry || entry.operation !== "PUT") return undefined;
+    const decoded = decodeRecord(entry.value, id);
+    return decoded.ok ? decoded : { ok: false };
+  }
+
+  async #store(record: OutboxRecord, now: Date, knownKey?: string): Promise<OutboxMessage> {
+    // No await before the writes when the key is known: callers rely on the issue order.
+    const key = knownKey ?? await outboxRecordKey(record.id);
+    const markerKey = markerKeyOf(key);
+    const nowIso = now.toISOString();
+    const stored: StoredOutboxRecord = {
+      v: 1,
+      ...record,
+      headers: { ...record.headers },
+      state: "pending",
+      attempts: 0,
+      createdAt: nowIso,
+      updatedAt: nowIso,
+    };
+    // Record and marker are written together (one round trip). The marker's revision is the
+    // message's enqueue order. A marker whose record write failed is an orphan that claims
+    // delete after `orphanGraceMs`.
+    const marker: Marker = { v: 1, id: record.id };
+    const [created, indexed] = await Promise.allSettled([
+      this.#kv.create(key, encodeJson(stored)),
+      this.#kv.create(markerKey, encodeJson(marker)),
+    ]);
+    if (created.status === "fulfilled") {
+      if (indexed.status === "rejected" && !isWrongLastSequence(indexed.reason)) {
+        await this.#kv.create(markerKey, encodeJson(marker)).catch((error) => {
+          if (!isWrongLastSequence(error)) throw error;
+        });
+      }
+      return toMessage(stored);
+    }
+    if (!isWrongLastSequence(created.reason)) throw created.reason;
+    // The id exists: identical content returns the stored message, other content throws.
+    const entry = await this.#kv.get(key);
+    if (!entry || entry.operation !== "PUT") {
+      throw new OutboxStorageConflictError(record.id, { cause: created.reason });
+    }
+    const decoded = decodeRecord(entry.value, record.id);
+    if (!decoded.ok) throw new OutboxStorageConflictError(record.id, { cause: decoded.error });
+    const existing = decoded.record;
+    const terminal = existing.state === "dispatched" || existing.state === "dead";
+    if (terminal && indexed.status === "fulfilled") {
+      // The marker written with the attempt points at a settled record: take it back.
+      await this.#kv.delete(markerKey, { previousSeq: indexed.value }).catch(() => {});
+    }
+    assertOutboxIdentity(existing, record);
+    return toMessage(existing);
+  }
+
+  /** Claims one due record with a revision CAS; `undefined` when another writer won. */
+  async #claimOne(
+    entry: ActiveEntry,
+    record: StoredOutboxRecord,
+    revision: number,
+    nowIso: string,
+    leaseUntil: string,
+  ): Promise<Claimed | undefined> {
+    const next: StoredOutboxRecord = {
+      ...record,
+      state: "claimed",
+      attempts: record.attempts + 1,
+      updatedAt: nowIso,
+      nextAttemptAt: leaseUntil,
+      seq: record.seq ?? entry.order,
+    };
+    let written: number;
+    try {
+      written = await this.#kv.update(entry.recordKey, encodeJson(next), revision);
+    } catch (error) {
+      if (isWrongLastSequence(error)) return undefined; // another claimer won
+      throw error;
+    }
+    this.#index.hint(entry.markerKey, Date.parse(leaseUntil), written);
+    this.#remember(next, written);
+    return { order: next.seq!, message: toMessage(next) };
+  }
+
+  /**
+   * Reads the record behind a marker. Returns it when it is active; otherwise drops the
+   * marker when it is useless (record settled, corrupt, or missing for longer than the grace
+   * period) and says what happened.
+   */
+  async #inspect(
+    entry: ActiveEntry,
+  ): Promise<{ record: StoredOutboxRecord; revision: number } | "dropped" | "waiting"> {
+    const got = await this.#kv.get(entry.recordKey);
+    if (!got || got.operation !== "PUT") {
+      if (Date.now() - entry.markerWrittenMs < this.#orphanGraceMs) return "waiting";
+      await this.#dropMarker(entry);
+      return "dropped";
+    }
+    const decoded = decodeRecord(got.value, entry.id);
+    if (!decoded.ok || decoded.record.state === "dispatched" || decoded.record.state === "dead") {
+      // A corrupt record loses its marker: it is dead from now on (get/listDead/stats say so).
+      await this.#dropMarker(entry);
+      return "dropped";
+    }
+    return { record: decoded.record, revision: got.revision };
+  }
+
+  async #dropMarker(entry: ActiveEntry): Promise<void> {
+    this.#index.forget(entry.markerKey);
+    await this.#kv.delete(entry.markerKey, { previousSeq: entry.markerRevision }).catch(() => {
+      // Changed meanwhile (requeued, rescheduled): the newer marker stays, as it should.
+    });
+  }
+
+  async #settle(mark: OutboxMark, now: Date): Promise<boolean> {
+    const { claim } = mark;
+    if (!(now instanceof Date) || !Number.isFinite(now.getTime())) {
+      throw new OutboxValidationError("now", "now must be a valid Date");
+    }
+    if (
+      mark.state === "failed" &&
+      (!(mark.nextAttemptAt instanceof Date) || !Number.isFinite(mark.nextAttemptAt.getTime()))
+    ) {
+      throw new OutboxValidationError("nextAttemptAt", "nextAttemptAt must be a valid Date");
+    }
+    const key = await outboxRecordKey(claim.id);
+    const cached = this.#claims.get(claim.id);
+    let current = cached && fenceHolds(cached.record, claim) ? cached : undefined;
+    for (let attempt = 0; attempt < 3; attempt++) {
+      if (!current) {
+        const got = await this.#kv.get(key);
+        if (!got || got.operation !== "PUT") return false;
+        const decoded = decodeRecord(got.value, claim.id);
+        if (!decoded.ok || !fenceHolds(decoded.record, claim)) return false;
+        current = { record: decoded.record, revision: got.revision };
+      }
+      const next = applyMark(current.record, mark, now.toISOString());
+      let revision: number;
+      try {
+        revision = await this.#kv.update(key, encodeJson(next), current.revision);
+      } catch (error) {
+        if (!isWrongLastSequence(error)) throw error;
+        current = undefined; // someone else wrote it: read again and re-check the fence
+        continue;
+      }
+      this.#claims.delete(claim.id);
+      await this.#afterMark(key, next, revision);
+      return true;
+    }
+    return false;
+  }
+
+  /** Keeps the marker in step with a settled record (best effort: claims heal the rest). */
+  async #afterMark(key: string, record: StoredOutboxRecord, revision: number): Promise<void> {
+    const markerKey = markerKeyOf(key);
+    const known = this.#index.get(markerKey);
+    try {
+      if (record.state === "failed") {
+        const marker: Marker = { v: 1, id: record.id, due: record.nextAttemptAt, rev: revision };
+        if (record.seq !== undefined) marker.seq = record.seq;
+        this.#index.hint(markerKey, Date.parse(record.nextAttemptAt!), revision);
+        this.#index.wroteMarker(markerKey, await this.#kv.put(markerKey, encodeJson(marker)));
+      } else if (record.state === "dispatched") {
+        this.#index.forget(markerKey);
+        await this.#kv.delete(markerKey); // dispatched is final: nothing can revive the marker
+      } else {
+        // dead can be requeued (which re-writes the marker): only delete the marker we know.
+        this.#index.forget(markerKey);
+        let previousSeq = known?.markerRevision;
+        if (previousSeq === undefined) {
+          const marker = await this.#kv.get(markerKey);
+          if (marker?.operation === "PUT") previousSeq = marker.revision;
+        }
+        if (previousSeq !== undefined) await this.#kv.delete(markerKey, { previousSeq });
+      }
+    } catch {
+      // The record is settled; a stale marker is removed by the next claim that reads it.
+    }
+  }
+
+  async #remove(
+    entry: KvEntry,
+    purge: ((key: string, revision: number) => Promise<number>) | undefined,
+  ): Promise<boolean> {
+    if (purge) {
+      if (await purge(entry.key, entry.revision) === 0) return false; // changed since the scan
+      const markerKey = markerKeyOf(entry.key);
+      const marker = await this.#kv.get(markerKey);
+      if (marker && marker.operation !== "PUT") await purge(markerKey, marker.revision);
+      return true;
+    }
+    try {
+      await this.#kv.purge(entry.key, { previousSeq: entry.revision });
+      return true;
+    } catch (error) {
+      if (isWrongLastSequence(error)) return false;
+      throw error;
+    }
+  }
+
+  #remember(record: StoredOutboxRecord, revision: number): void {
+    if (this.#claimCacheSize === 0) return;
+    this.#claims.delete(record.id);
+    this.#claims.set(record.id, { record, revision });
+    if (this.#claims.size > this.#claimCacheSize) {
+      this.#claims.delete(this.#claims.keys().next().value!);
+    }
+  }
+}
+
+/** Most records a claim reads in one round when its index hints turn out stale. */
+const maxReadAhead = 512;
+
+function fenceHolds(record: StoredOutboxRecord, claim: OutboxClaim): boolean {
+  return record.state === "claimed" && record.attempts === claim.attempts &&
+    (claim.nextAttemptAt === undefined || claim.nextAttemptAt === record.nextAttemptAt);
+}
+
+function applyMark(
+  record: StoredOutboxRecord,
+  mark: OutboxMark,
+  nowIso: string,
+): StoredOutboxRecord {
+  const next: StoredOutboxRecord = { ...record, state: mark.state, updatedAt: nowIso };
+  switch (mark.state) {
+    case "dispatched":
+      delete next.nextAttemptAt;
+      delete next.lastError;
+      if (mark.outcome !== undefined) next.outcome = structuredClone(mark.outcome);
+      break;
+    case "failed":
+      next.nextAttemptAt = mark.nextAttemptAt.toISOString();
+      next.lastError = mark.error;
+      break;
+    case "dead":
+      delete next.nextAttemptAt;
+      next.lastError = mark.error;
+      break;
+  }
+  return next;
+}
+
+function nonNegative(field: string, value: number): number {
+  if (!Number.isFinite(value) || value < 0) {
+    throw new OutboxValidationError(field, `${field} must be a number >= 0, got ${value}`);
+  }
+  return value;
+}

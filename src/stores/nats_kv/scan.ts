@@ -1,0 +1,76 @@
+/**
+ * Bucket-wide reads for administration (stats, listings, prune, repair) and removal of entries
+ * without leaving tombstones where the KV object allows it. Claims never use these.
+ *
+ * @module
+ */
+
+import type { KV, KvEntry } from "@nats-io/kv";
+
+const historyDepth = new WeakMap<KV, Promise<number>>();
+
+/**
+ * Calls `visit` with the latest entry of every key matching `filter` (deletes and purges
+ * included; check `operation`). Streams the bucket through one consumer; when the bucket keeps
+ * more than one revision per key, entries are buffered to keep only the latest.
+ */
+export async function scanLatest(
+  kv: KV,
+  filter: string,
+  visit: (entry: KvEntry) => void | Promise<void>,
+): Promise<void> {
+  let depth = historyDepth.get(kv);
+  if (!depth) {
+    depth = kv.status().then((status) => status.history);
+    depth.catch(() => historyDepth.delete(kv));
+    historyDepth.set(kv, depth);
+  }
+  const keepsHistory = (await depth) > 1;
+  const latest = new Map<string, KvEntry>();
+  const iterator = await kv.history({ key: filter });
+  try {
+    for await (const entry of iterator) {
+      if (keepsHistory) latest.set(entry.key, entry);
+      else await visit(entry);
+    }
+  } finally {
+    iterator.stop();
+  }
+  for (const entry of latest.values()) await visit(entry);
+}
+
+/** The parts of `@nats-io/kv`'s `Bucket` that allow purging a subject without a tombstone. */
+interface RawPurgeCapable {
+  jsm: {
+    streams: {
+      purge(stream: string, options: { filter: string; seq: number }): Promise<{ purged: number }>;
+    };
+  };
+  stream: string;
+  encodeKey(key: string): string;
+  subjectForKey(key: string): string;
+}
+
+/**
+ * Removes the messages of one key up to and including `revision`, without writing a tombstone,
+ * when the KV object is a `Bucket` (it exposes its JetStream manager); later revisions are kept,
+ * so this is a compare-and-delete. Returns how many messages were removed, or `undefined` when
+ * the KV object offers no such access.
+ */
+export function rawPurger(
+  kv: KV,
+): ((key: string, revision: number) => Promise<number>) | undefined {
+  const candidate = kv as unknown as Partial<RawPurgeCapable>;
+  if (
+    typeof candidate.jsm?.streams?.purge !== "function" || typeof candidate.stream !== "string" ||
+    typeof candidate.encodeKey !== "function" || typeof candidate.subjectForKey !== "function"
+  ) {
+    return undefined;
+  }
+  const bucket = candidate as RawPurgeCapable;
+  return async (key, revision) => {
+    const filter = bucket.subjectForKey(bucket.encodeKey(key));
+    const response = await bucket.jsm.streams.purge(bucket.stream, { filter, seq: revision + 1 });
+    return response.purged;
+  };
+}

@@ -1,0 +1,140 @@
+/**
+ * Fixtures for the NATS KV store tests: unique buckets on the test server, repositories on two
+ * connections, a KV wrapper that counts the operations a repository issues, and clean-up.
+ *
+ * @module
+ */
+
+import type { KV, KvEntry } from "@nats-io/kv";
+import { Kvm } from "@nats-io/kv";
+import type { NatsConnection } from "@nats-io/transport-node";
+import {
+  createInboxBucket,
+  createOutboxBucket,
+  type NatsKvInboxOptions,
+  NatsKvInboxRepository,
+  type NatsKvOutboxOptions,
+  NatsKvOutboxRepository,
+} from "../mod.ts";
+import { outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
+import { connectNats, uniqueName } from "./kit/mod.ts";
+
+/** Per-method call counts, and entries delivered by watches and history scans. */
+export interface KvCounts {
+  calls: Record<string, number>;
+  /** Entries delivered to the repository by `watch` iterators. */
+  watched: number;
+  /** Entries delivered by `history` iterators (admin scans). */
+  scanned: number;
+}
+
+/** Sum of record/marker reads and writes a repository issued (watch entries not included). */
+export function operations(counts: KvCounts): number {
+  return Object.entries(counts.calls)
+    .filter(([name]) => !["watch", "history", "status"].includes(name))
+    .reduce((sum, [, n]) => sum + n, 0);
+}
+
+/** Wraps `kv` so every call and every delivered watch/history entry is counted in `counts`. */
+export function countingKv(kv: KV, counts: KvCounts): KV {
+  const wrapIterator = <T extends object>(iterator: T, field: "watched" | "scanned"): T =>
+    new Proxy(iterator, {
+      get(target, property) {
+        if (property === Symbol.asyncIterator) {
+          return async function* () {
+            for await (const entry of target as unknown as AsyncIterable<KvEntry>) {
+              counts[field] += 1;
+              yield entry;
+            }
+          };
+        }
+        const value = Reflect.get(target, property, target);
+        return typeof value === "function" ? value.bind(target) : value;
+      },
+    });
+  return new Proxy(kv, {
+    get(target, property) {
+      const value = Reflect.get(target, property, target);
+      if (typeof value !== "function" || typeof property !== "string") return value;
+      return (...args: unknown[]) => {
+        counts.calls[property] = (counts.calls[property] ?? 0) + 1;
+        const result = value.apply(target, args);
+        if (property === "watch" || property === "history") {
+          const field = property === "watch" ? "watched" : "scanned";
+          return (result as Promise<object>).then((iterator) => wrapIterator(iterator, field));
+        }
+        return result;
+      };
+    },
+  });
+}
+
+/** Fresh counters. */
+export function newCounts(): KvCounts {
+  return { calls: {}, watched: 0, scanned: 0 };
+}
+
+/** Buckets and repositories for one test. */
+export interface KvFixture extends AsyncDisposable {
+  nc: NatsConnection;
+  peerNc: NatsConnection;
+  outboxBucket: string;
+  inboxBucket: string;
+  kv: KV;
+  peerKv: KV;
+  inboxKv: KV;
+  peerInboxKv: KV;
+  /** Opens another repository on the outbox bucket (closed by the fixture). */
+  outbox(options?: NatsKvOutboxOptions & { kv?: KV }): NatsKvOutboxRepository;
+  /** Opens another inbox repository (closed by the fixture). */
+  inbox(options?: NatsKvInboxOptions & { kv?: KV }): NatsKvInboxRepository;
+  /** Writes garbage into the record of `id`. */
+  corrupt(id: string): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** Creates unique outbox and inbox buckets, opened on two connections. */
+export async function openKvFixture(): Promise<KvFixture> {
+  const nc = await connectNats();
+  const peerNc = await connectNats();
+  const outboxBucket = uniqueName("kvo");
+  const inboxBucket = uniqueName("kvi");
+  const kv = await createOutboxBucket(new Kvm(nc), outboxBucket);
+  const inboxKv = await createInboxBucket(new Kvm(nc), inboxBucket, { retentionMs: 0 });
+  const peerKv = await new Kvm(peerNc).open(outboxBucket);
+  const peerInboxKv = await new Kvm(peerNc).open(inboxBucket);
+  const repositories: NatsKvOutboxRepository[] = [];
+  let closed = false;
+  const close = async () => {
+    if (closed) return;
+    closed = true;
+    await Promise.all(repositories.map((repository) => repository.close()));
+    await kv.destroy().catch(() => {});
+    await inboxKv.destroy().catch(() => {});
+    await peerNc.close();
+    await nc.close();
+  };
+  return {
+    nc,
+    peerNc,
+    outboxBucket,
+    inboxBucket,
+    kv,
+    peerKv,
+    inboxKv,
+    peerInboxKv,
+    outbox(options = {}) {
+      const repository = new NatsKvOutboxRepository(options.kv ?? kv, options);
+      repositories.push(repository);
+      return repository;
+    },
+    inbox(options = {}) {
+      return new NatsKvInboxRepository(options.kv ?? inboxKv, options);
+    },
+    async corrupt(id) {
+      await kv.put(await outboxRecordKey(id), "{not json");
+    },
+    close,
+    [Symbol.asyncDispose]: close,
+  };
+}
