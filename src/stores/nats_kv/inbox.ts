@@ -115,6 +115,13 @@ export class NatsKvInboxRepository implements InboxRepository, InboxAdmin {
     }
   }
 
+  /** Whether `messageId` is recorded for the consumer scope (one read). */
+  async has(messageId: string, options?: InboxRecordOptions): Promise<boolean> {
+    const { consumer } = resolveInboxRecordOptions(messageId, options);
+    const entry = await this.#kv.get(await inboxKey(consumer, messageId));
+    return entry !== null && entry.operation === "PUT";
+  }
+
   /**
    * Forgets ids received before `receivedBefore`, `batchSize` concurrent deletes at a time;
    * returns how many were removed. Scans the inbox once (admin cost). An id recorded again
