@@ -56,6 +56,7 @@ export type {
   OutboxStats,
   PreparedEvent,
   PreparedEventHeader,
+  TransactionRunner,
 } from "./src/core/types.ts";
 export {
   errorMessage,
@@ -103,7 +104,6 @@ export {
   type JetStreamMessageLike,
   messageIdOf,
   type PullConsumerLike,
-  type TransactionRunner,
 } from "./src/inbox/consume.ts";
 export {
   checkInboxRetention,
@@ -200,3 +200,7 @@ export {
   type KvBucketSettings,
 } from "./src/stores/nats_kv/bucket.ts";
 export { NatsKvIndexError } from "./src/stores/nats_kv/errors.ts";
+export {
+  type SqliteTransactionOptions,
+  sqliteTransactionRunner,
+} from "./src/stores/sql/transactions.ts";

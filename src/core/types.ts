@@ -576,3 +576,19 @@ export interface OutboxRuntime {
    */
   probe?(): Promise<boolean>;
 }
+
+/**
+ * Runs `work` in one database transaction: commit when it resolves, roll back when it rejects.
+ * The inbox consumer and the SQLite helpers use it; for postgres.js it is
+ * `(work) => sql.begin((tx) => work(tx))`.
+ *
+ * @example
+ * ```ts ignore
+ * import postgres from "postgres";
+ * import type { TransactionRunner } from "@outbox/nats";
+ * const sql = postgres("postgres://postgres@127.0.0.1:5432/test");
+ * const inTransaction: TransactionRunner<postgres.TransactionSql> = (work) =>
+ *   sql.begin((tx) => work(tx));
+ * ```
+ */
+export type TransactionRunner<Tx> = <T>(work: (tx: Tx) => Promise<T>) => Promise<T>;

@@ -18,7 +18,7 @@
 
 import { OutboxValidationError } from "../core/errors.ts";
 import { outboxHeaders } from "../core/events.ts";
-import type { InboxRepository } from "../core/types.ts";
+import type { InboxRepository, TransactionRunner } from "../core/types.ts";
 import {
   checkInboxRetention,
   type InboxRetentionOptions,
@@ -72,20 +72,6 @@ export interface PullConsumerLike<M extends JetStreamMessageLike> {
     options: { max_messages: number },
   ): Promise<AsyncIterable<M> & { close(): Promise<unknown> }>;
 }
-
-/**
- * Runs `work` in one database transaction: commit when it resolves, roll back when it rejects.
- *
- * @example
- * ```ts ignore
- * import postgres from "postgres";
- * import type { TransactionRunner } from "@outbox/nats";
- * const sql = postgres("postgres://postgres@127.0.0.1:5432/test");
- * type Tx = postgres.TransactionSql;
- * const runInTransaction: TransactionRunner<Tx> = (work) => sql.begin((tx) => work(tx));
- * ```
- */
-export type TransactionRunner<Tx> = <T>(work: (tx: Tx) => Promise<T>) => Promise<T>;
 
 /**
  * What the handler receives besides the message.

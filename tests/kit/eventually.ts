@@ -9,7 +9,7 @@ import { sleep } from "./process.ts";
 
 /** Calls `fn` until it resolves (or `timeoutMs` passes, then rethrows its last error). */
 export async function eventually<T>(
-  fn: () => Promise<T>,
+  fn: () => T | Promise<T>,
   { timeoutMs = 20_000, intervalMs = 50 }: { timeoutMs?: number; intervalMs?: number } = {},
 ): Promise<T> {
   const deadline = Date.now() + timeoutMs;
