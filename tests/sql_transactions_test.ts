@@ -16,6 +16,7 @@ import {
   pgExecutor,
   postgresJsExecutor,
   SqlInboxRepository,
+  sqliteTransactionRunner,
   SqlOutboxRepository,
 } from "../mod.ts";
 import { postgresUrl } from "./kit/mod.ts";
@@ -157,6 +158,53 @@ Deno.test("node:sqlite: outbox rows roll back with BEGIN IMMEDIATE ... ROLLBACK"
     db.exec("COMMIT");
     assert.equal(await outbox.get("inner"), undefined);
     assert.equal((await outbox.get("outer"))?.state, "pending");
+  } finally {
+    db.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("node:sqlite: statements on a shared connection never join another caller's transaction", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "outbox_tx_" });
+  const db = openSqlite(`${dir}/app.db`);
+  try {
+    const executor = nodeSqliteExecutor(db);
+    await migrate(executor, { dialect: "sqlite" });
+    const inTransaction = sqliteTransactionRunner(executor);
+    // The dispatcher's view: the same connection, outside any transaction.
+    const relay = new SqlOutboxRepository(executor, "sqlite");
+    let claimedDuring: Promise<string[]> | undefined;
+    await assert.rejects(
+      inTransaction(async (tx) => {
+        await new SqlOutboxRepository(tx, "sqlite").enqueue(record("uncommitted"));
+        // A claim issued while the transaction is open (across a macrotask, as a relay's timer
+        // would) must neither see the uncommitted row nor run inside this transaction.
+        claimedDuring = relay.claimDue(10, new Date()).then((rows) => rows.map((r) => r.id));
+        await new Promise((resolve) => setTimeout(resolve, 20));
+        throw new Boom("the order was rejected");
+      }),
+      Boom,
+    );
+    assert.deepEqual(await claimedDuring, [], "nothing from the rolled-back transaction");
+    assert.equal(await relay.get("uncommitted"), undefined);
+    // Committed work is claimed after the commit, by a claim issued during the transaction.
+    await inTransaction(async (tx) => {
+      await new SqlOutboxRepository(tx, "sqlite").enqueue(record("committed"));
+      claimedDuring = relay.claimDue(10, new Date()).then((rows) => rows.map((r) => r.id));
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    });
+    assert.deepEqual(await claimedDuring, ["committed"]);
+    // Transactions queue: two at once run one after the other, each atomically.
+    const order: string[] = [];
+    await Promise.all(["a", "b"].map((name) =>
+      inTransaction(async (tx) => {
+        order.push(`${name}:begin`);
+        await new SqlOutboxRepository(tx, "sqlite").enqueue(record(`queued-${name}`));
+        await new Promise((resolve) => setTimeout(resolve, 10));
+        order.push(`${name}:end`);
+      })
+    ));
+    assert.deepEqual(order, ["a:begin", "a:end", "b:begin", "b:end"]);
   } finally {
     db.close();
     await Deno.remove(dir, { recursive: true });

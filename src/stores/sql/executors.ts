@@ -299,10 +299,14 @@ function sqliteParams(params: readonly unknown[]): never[] {
  * `node:sqlite`'s `DatabaseSync` (also `@db/sqlite`). Prepared statements are cached by SQL
  * text per database; `undefined` binds as NULL, booleans as 0/1, `Date`s as ISO text.
  *
- * The connection is the transaction: run `BEGIN IMMEDIATE` ... `COMMIT` on `db` around your
- * writes and the outbox rows commit or roll back with them. `transaction` does exactly that
- * (a savepoint when a transaction is already open). Recommended settings for a file database:
- * `PRAGMA journal_mode = WAL` and `PRAGMA busy_timeout = 5000`.
+ * A connection has one transaction at a time and every statement on it joins the open one, so
+ * run your transactions through `executor.transaction(fn)` (or
+ * {@linkcode sqliteTransactionRunner}): it queues them, runs `BEGIN IMMEDIATE` ... `COMMIT`, and
+ * hands `fn` a transaction handle; statements issued on the executor itself meanwhile (a
+ * dispatcher sharing the connection) wait for the commit instead of joining the transaction.
+ * Inside a transaction you opened yourself with `db.exec("BEGIN")`, `transaction` uses a
+ * savepoint. Recommended settings for a file database: `PRAGMA journal_mode = WAL` and
+ * `PRAGMA busy_timeout = 5000`.
  *
  * @example
  * ```ts
@@ -313,39 +317,22 @@ function sqliteParams(params: readonly unknown[]): never[] {
  * const executor = nodeSqliteExecutor(db);
  * await migrate(executor, { dialect: "sqlite" });
  * db.exec("CREATE TABLE orders (id INTEGER PRIMARY KEY)");
- * const outbox = new SqlOutboxRepository(executor, "sqlite");
  *
- * db.exec("BEGIN IMMEDIATE");
- * try {
- *   db.prepare("INSERT INTO orders (id) VALUES (?)").run(42);
- *   await outbox.enqueue({
+ * await executor.transaction!(async (tx) => {
+ *   await tx.query("INSERT INTO orders (id) VALUES (?)", [42]);
+ *   await new SqlOutboxRepository(tx, "sqlite").enqueue({
  *     id: "order-42-created", kind: "event.publish", name: "order.created",
  *     subject: "orders.created", payload: JSON.stringify({ id: 42 }), headers: {},
  *   });
- *   db.exec("COMMIT");
- * } catch (error) {
- *   db.exec("ROLLBACK");
- *   throw error;
- * }
+ * });
  * ```
  */
 export function nodeSqliteExecutor(db: SqliteDatabase): SqlExecutor {
-  const exec = (sql: string) =>
-    db.exec ? db.exec(sql) : cachedStatement(db, sql).all(...([] as never[]));
-  const executor: SqlExecutor = {
-    query(sql, params) {
-      try {
-        return Promise.resolve(cachedStatement(db, sql).all(...sqliteParams(params)) as SqlRow[]);
-      } catch (error) {
-        return Promise.reject(error);
-      }
-    },
-    transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
-      const open = db.isTransaction ?? db.inTransaction ?? false;
-      return sqliteTransaction(executor, exec, open, fn);
-    },
-  };
-  return executor;
+  return sqliteConnection(
+    (sql, params) => cachedStatement(db, sql).all(...sqliteParams(params)) as SqlRow[],
+    (sql) => db.exec ? db.exec(sql) : cachedStatement(db, sql).all(...([] as never[])),
+    () => db.isTransaction ?? db.inTransaction ?? false,
+  );
 }
 
 /**
@@ -367,25 +354,19 @@ export function nodeSqliteExecutor(db: SqliteDatabase): SqlExecutor {
  * ```
  */
 export function betterSqlite3Executor(db: BetterSqlite3Database): SqlExecutor {
-  const executor: SqlExecutor = {
-    query(sql, params) {
-      try {
-        // better-sqlite3 treats numbered parameters (?1) as named ones: bind positionally.
-        const { text, order } = positionalParameters(sql);
-        const statement = cachedStatement(db, text);
-        const values = sqliteParams(order ? order.map((n) => params[n - 1]) : params);
-        if (statement.reader) return Promise.resolve(statement.all(...values) as SqlRow[]);
-        statement.run(...values);
-        return Promise.resolve([]);
-      } catch (error) {
-        return Promise.reject(error);
-      }
+  return sqliteConnection(
+    (sql, params) => {
+      // better-sqlite3 treats numbered parameters (?1) as named ones: bind positionally.
+      const { text, order } = positionalParameters(sql);
+      const statement = cachedStatement(db, text);
+      const values = sqliteParams(order ? order.map((n) => params[n - 1]) : params);
+      if (statement.reader) return statement.all(...values) as SqlRow[];
+      statement.run(...values);
+      return [];
     },
-    transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
-      return sqliteTransaction(executor, (sql) => db.exec(sql), db.inTransaction, fn);
-    },
-  };
-  return executor;
+    (sql) => db.exec(sql),
+    () => db.inTransaction,
+  );
 }
 
 const rewritten = new Map<string, { text: string; order?: number[] }>();
@@ -429,17 +410,37 @@ function positionalParameters(sql: string): { text: string; order?: number[] } {
 
 let savepointCounter = 0;
 
-async function sqliteTransaction<T>(
-  executor: SqlExecutor,
+/**
+ * One synchronous SQLite connection shared by async callers. A connection has one transaction
+ * at a time and every statement on it joins the open transaction, so:
+ *
+ * - `transaction(fn)` calls are queued and each runs `BEGIN IMMEDIATE` ... `COMMIT` (`ROLLBACK`
+ *   when `fn` throws), handing `fn` a transaction handle whose statements run at once;
+ * - a statement on the connection handle itself, issued while a queued transaction is open (the
+ *   dispatcher's claim, say), waits until that transaction ended instead of joining it, so it
+ *   can never see or commit another caller's uncommitted rows;
+ * - inside a transaction the caller opened itself (`db.exec("BEGIN")`), `transaction(fn)` uses
+ *   a savepoint, and statements run at once.
+ */
+function sqliteConnection(
+  run: (sql: string, params: readonly unknown[]) => SqlRow[],
   exec: (sql: string) => unknown,
-  alreadyOpen: boolean,
-  fn: (tx: SqlExecutor) => Promise<T>,
-): Promise<T> {
-  if (alreadyOpen) {
+  openedElsewhere: () => boolean,
+): SqlExecutor {
+  let tail: Promise<unknown> = Promise.resolve();
+  let open = false;
+  const direct = (sql: string, params: readonly unknown[]): Promise<SqlRow[]> => {
+    try {
+      return Promise.resolve(run(sql, params));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  };
+  const savepoint = async <T>(fn: (tx: SqlExecutor) => Promise<T>, tx: SqlExecutor) => {
     const name = `outbox_sp_${++savepointCounter}`;
     exec(`SAVEPOINT ${name}`);
     try {
-      const result = await fn(executor);
+      const result = await fn(tx);
       exec(`RELEASE ${name}`);
       return result;
     } catch (error) {
@@ -447,20 +448,39 @@ async function sqliteTransaction<T>(
       exec(`RELEASE ${name}`);
       throw error;
     }
-  }
-  exec("BEGIN IMMEDIATE");
-  try {
-    const result = await fn(executor);
-    exec("COMMIT");
-    return result;
-  } catch (error) {
-    try {
-      exec("ROLLBACK");
-    } catch {
-      // SQLite may already have rolled back (for example after SQLITE_FULL)
-    }
-    throw error;
-  }
+  };
+  const handle: SqlExecutor = {
+    query: direct,
+    transaction: (fn) => savepoint(fn, handle),
+  };
+  return {
+    query(sql, params) {
+      return open ? tail.then(() => direct(sql, params)) : direct(sql, params);
+    },
+    transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
+      if (!open && openedElsewhere()) return savepoint(fn, handle);
+      const result = tail.then(async () => {
+        exec("BEGIN IMMEDIATE");
+        open = true;
+        try {
+          const value = await fn(handle);
+          exec("COMMIT");
+          return value;
+        } catch (error) {
+          try {
+            if (openedElsewhere()) exec("ROLLBACK");
+          } catch {
+            // SQLite may already have rolled back (for example after SQLITE_FULL)
+          }
+          throw error;
+        } finally {
+          open = false;
+        }
+      });
+      tail = result.catch(() => {});
+      return result;
+    },
+  };
 }
 
 /** BEGIN / COMMIT on an executor bound to one connection. */

@@ -30,8 +30,11 @@ export interface SqliteTransactionOptions {
 /**
  * A {@linkcode TransactionRunner} for one SQLite connection (an executor from
  * `nodeSqliteExecutor` or `betterSqlite3Executor`): runs each `work` between `BEGIN IMMEDIATE`
- * and `COMMIT` (`ROLLBACK` when it throws), one at a time, in call order. `work` receives the
- * same executor; do not start another transaction on the connection from inside it.
+ * and `COMMIT` (`ROLLBACK` when it throws), one at a time, in call order, through the
+ * executor's own `transaction`, so statements other code issues on the executor meanwhile (a
+ * dispatcher sharing the connection) wait for the commit instead of joining the transaction.
+ * Inside `work`, use the `tx` handle it receives, never the outer executor (that would wait
+ * for the very transaction it runs in).
  *
  * @example
  * ```ts
@@ -61,29 +64,26 @@ export function sqliteTransactionRunner(
   executor: SqlExecutor,
   options: SqliteTransactionOptions = {},
 ): TransactionRunner<SqlExecutor> {
-  const begin = `BEGIN ${options.mode ?? "IMMEDIATE"}`;
+  const mode = options.mode ?? "IMMEDIATE";
+  // Our SQLite executors queue their own transactions and keep other statements out of them.
+  if (mode === "IMMEDIATE" && executor.transaction) {
+    return <T>(work: (tx: SqlExecutor) => Promise<T>) => executor.transaction!(work);
+  }
+  const begin = `BEGIN ${mode}`;
   let tail: Promise<unknown> = Promise.resolve();
   return <T>(work: (tx: SqlExecutor) => Promise<T>): Promise<T> => {
     const run = tail.then(async () => {
       await executor.query(begin, []);
-      let result: T;
       try {
-        result = await work(executor);
-      } catch (error) {
-        try {
-          await executor.query("ROLLBACK", []);
-        } catch {
-          // The transaction is already gone (for example SQLite rolled it back itself).
-        }
-        throw error;
-      }
-      try {
+        const result = await work(executor);
         await executor.query("COMMIT", []);
+        return result;
       } catch (error) {
-        await executor.query("ROLLBACK", []).catch(() => {});
+        await executor.query("ROLLBACK", []).catch(() => {
+          // Already gone (for example SQLite rolled it back itself).
+        });
         throw error;
       }
-      return result;
     });
     tail = run.catch(() => {});
     return run;
