@@ -5,16 +5,25 @@
 
 import assert from "node:assert/strict";
 import { AckPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import {
   checkInboxRetention,
   consumeWithInbox,
+  createInboxBucket,
   InboxRetentionError,
   MemoryInboxRepository,
+  NatsKvInboxRepository,
   OutboxValidationError,
   redeliveryHorizonMs,
 } from "../mod.ts";
-import { connectNats, createTestStream, eventually, type TestStream } from "./kit/mod.ts";
+import {
+  connectNats,
+  createTestStream,
+  eventually,
+  type TestStream,
+  uniqueName,
+} from "./kit/mod.ts";
 
 const second = 1_000_000_000;
 
@@ -258,4 +267,43 @@ Deno.test("retention shorter than the redelivery horizon or duplicate window is 
     () => checkInboxRetention({ inboxRetentionMs: 100_000, strict: true }, limits),
     (error: InboxRetentionError) => error.requiredMs === 300_000,
   );
+});
+
+Deno.test("a NATS KV inbox plugs in: duplicates suppressed, failures retried", async () => {
+  await using env = await setup({ max_deliver: 5 });
+  const js = jetstream(env.nc);
+  const kvm = new Kvm(env.nc);
+  const bucket = uniqueName("inbox");
+  const kv = await createInboxBucket(kvm, bucket);
+  const inbox = new NatsKvInboxRepository(kv);
+  try {
+    await inbox.record("k-2", { consumer: "worker" }); // processed before a lost ack
+    const handled: string[] = [];
+    const running = await consumeWithInbox(
+      await js.consumers.get(env.stream.name, env.durable),
+      {
+        scope: env.durable,
+        inbox,
+        nakBackoff: { baseMs: 20, capMs: 50 },
+        handler: (message, { deliveryCount }) => {
+          if (message.string() === "k-3" && deliveryCount === 1) {
+            return Promise.reject(new Error("first try fails"));
+          }
+          handled.push(message.string());
+          return Promise.resolve();
+        },
+      },
+    );
+    for (const id of ["k-1", "k-2", "k-3"]) {
+      await js.publish(`${env.stream.prefix}.a`, id, { msgID: id });
+    }
+    await eventually(() => assert.equal(running.stats.processed + running.stats.duplicates, 3));
+    await running.stop();
+    assert.deepEqual(handled.sort(), ["k-1", "k-3"]);
+    assert.equal(running.stats.duplicates, 1);
+    assert.equal(await inbox.has("k-3", { consumer: "worker" }), true, "recorded after success");
+    await settled(env.nc, env.stream.name);
+  } finally {
+    await kv.destroy().catch(() => {});
+  }
 });
