@@ -121,3 +121,35 @@ Deno.test("kit: with the env URLs unset, resolution starts local servers", async
     if (saved[1]) Deno.env.set(postgresUrlEnv, saved[1]);
   }
 });
+
+Deno.test("kit: with no env URL, no binaries and no Docker engine, resolution says what to install", async () => {
+  const names = [
+    natsUrlEnv,
+    postgresUrlEnv,
+    "OUTBOX_NATS_SERVER_BIN",
+    "OUTBOX_POSTGRES_BIN_DIR",
+    "PATH",
+  ];
+  const saved = new Map(names.map((name) => [name, Deno.env.get(name)]));
+  for (const name of [natsUrlEnv, postgresUrlEnv]) Deno.env.delete(name);
+  Deno.env.set("OUTBOX_NATS_SERVER_BIN", "/nonexistent/nats-server");
+  Deno.env.set("OUTBOX_POSTGRES_BIN_DIR", "/nonexistent/bin");
+  Deno.env.set("PATH", "/nonexistent"); // no docker client either
+  try {
+    await assert.rejects(resolveNats(), (error: Error) => {
+      assert.equal(error.name, "KitError");
+      assert.match(error.message, /set OUTBOX_TEST_NATS_URL, install nats-server/);
+      return true;
+    });
+    await assert.rejects(resolvePostgres(), (error: Error) => {
+      assert.equal(error.name, "KitError");
+      assert.match(error.message, /set OUTBOX_TEST_POSTGRES_URL, install PostgreSQL/);
+      return true;
+    });
+  } finally {
+    for (const [name, value] of saved) {
+      if (value === undefined) Deno.env.delete(name);
+      else Deno.env.set(name, value);
+    }
+  }
+});

@@ -18,10 +18,13 @@ export interface NatsServerOptions {
   config?: string[];
 }
 
-/** Where the nats-server binary is, or `undefined`. */
+/**
+ * Where the nats-server binary is, or `undefined`. `OUTBOX_NATS_SERVER_BIN`, when set, is the
+ * only place looked at.
+ */
 export function natsServerBinary(): string | undefined {
   const configured = Deno.env.get("OUTBOX_NATS_SERVER_BIN");
-  if (configured) return configured;
+  if (configured) return findExecutable("", [configured]); // explicit: no fallback
   return findExecutable("nats-server", ["/usr/sbin/nats-server", "/usr/local/bin/nats-server"]);
 }
 

@@ -25,7 +25,14 @@ export interface PostgresServerOptions {
 /** The directory holding initdb/pg_ctl, or `undefined`. */
 export function postgresBinDir(): string | undefined {
   const configured = Deno.env.get("OUTBOX_POSTGRES_BIN_DIR");
-  if (configured) return configured;
+  if (configured) {
+    try {
+      Deno.statSync(`${configured}/pg_ctl`);
+      return configured;
+    } catch {
+      return undefined; // configured explicitly: no fallback
+    }
+  }
   const candidates: string[] = [];
   try {
     for (const entry of Deno.readDirSync("/usr/lib/postgresql")) {

@@ -102,9 +102,9 @@ export function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
-/** Finds an executable on PATH or at one of `candidates`. */
+/** Finds an executable `name` on PATH (skipped when `name` is empty) or at one of `candidates`. */
 export function findExecutable(name: string, candidates: string[] = []): string | undefined {
-  const path = Deno.env.get("PATH") ?? "";
+  const path = name ? Deno.env.get("PATH") ?? "" : "";
   for (
     const dir of [...path.split(":").filter(Boolean).map((d) => `${d}/${name}`), ...candidates]
   ) {
