@@ -20,7 +20,6 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { buildTools } from "./build_npm.ts";
 import { NatsServer } from "../tests/kit/nats_server.ts";
 
 /** Packages the Node tests import; their versions come from deno.json. */
@@ -106,6 +105,11 @@ async function quickstartNats(): Promise<{ url: string; stop(): Promise<void> }>
 
 const started = performance.now();
 await run(Deno.execPath(), ["run", "-A", join(root, "scripts", "build_npm.ts")], root);
+// The build's pinned compiler and Node types (importing build_npm.ts would run the build again).
+const buildDeps: Record<string, string> = JSON.parse(
+  await Deno.readTextFile(join(root, ".tmp", "npm-build", "package.json")),
+).devDependencies;
+const buildTools = { typescript: buildDeps.typescript, "@types/node": buildDeps["@types/node"] };
 
 // The scratch project: node_modules survive; everything else is rewritten.
 await Deno.mkdir(scratch, { recursive: true });
