@@ -4,11 +4,15 @@
  * derived from deno.json, README and LICENSE.
  *
  * - Name, version, description, license and `exports` come from deno.json.
- * - Dependencies come from the npm specifiers deno.json maps our bare imports to: packages the
- *   emitted JavaScript imports become `dependencies`; packages only the declarations mention
- *   (driver types such as postgres.js) become optional `peerDependencies`.
+ * - Dependencies come from the npm specifiers deno.json maps our bare imports to, as caret ranges
+ *   of the pinned versions (so npm can share one copy with the application's nats.js): packages
+ *   the emitted JavaScript imports become `dependencies`; packages only the declarations mention
+ *   (driver types such as `@nats-io/kv`) become optional `peerDependencies`; `@opentelemetry/api`
+ *   is a (non-optional) peer, because its global registry only works with the application's copy.
  * - The library is compiled against Node's types only, so any use of a Deno global fails the
- *   build: no shim is needed, and none is shipped.
+ *   build, and the emitted files are scanned for what Node 20 cannot run (`Deno.`,
+ *   `import.meta.main`, `node:sqlite`, `npm:` / `jsr:` specifiers): no shim is needed, and none
+ *   is shipped.
  *
  * Usage: deno run -A scripts/build_npm.ts [--out npm]
  *
@@ -38,6 +42,12 @@ interface DenoJson {
 }
 
 const config: DenoJson = JSON.parse(await Deno.readTextFile(join(root, "deno.json")));
+
+/**
+ * Runtime imports published as peers rather than dependencies: the OpenTelemetry API finds the
+ * SDK through a global registry, so the library must use the application's copy of it.
+ */
+const runtimePeers = new Set(["@opentelemetry/api"]);
 
 /** `npm:<name>@<version>[/path]` -> name and version. */
 function npmSpecifier(spec: string): { name: string; version: string } | undefined {
@@ -145,13 +155,36 @@ const tsconfig = {
 await Deno.writeTextFile(join(work, "tsconfig.json"), JSON.stringify(tsconfig, null, 2));
 await run(join(work, "node_modules", ".bin", "tsc"), ["-p", "."], work);
 
-// 3. package.json from deno.json.
-const runtime = await importedPackages(outDir, ".js");
-const typesOnly = [...await importedPackages(outDir, ".d.ts")].filter((p) => !runtime.has(p));
-const versionOf = (name: string) => {
+// 3. Nothing Node 20 cannot run, in the JavaScript or the declarations.
+const nodeIncompatible: Array<[RegExp, string]> = [
+  [/\bDeno\s*\./, "a Deno global"],
+  [/import\.meta\.main\b/, "import.meta.main"],
+  [/["']node:sqlite["']/, "node:sqlite (Node 22+ only; take the database from the caller)"],
+  [/["'](?:npm|jsr):/, "an npm: or jsr: specifier"],
+];
+const problems: string[] = [];
+for (const suffix of [".js", ".d.ts"]) {
+  for await (const file of files(outDir, suffix)) {
+    const text = (await Deno.readTextFile(file)).replace(/\/\*[\s\S]*?\*\//g, "");
+    for (const [pattern, what] of nodeIncompatible) {
+      if (pattern.test(text)) problems.push(`${relative(outDir, file)}: ${what}`);
+    }
+  }
+}
+if (problems.length > 0) {
+  throw new Error(`the npm build would not run on Node 20:\n  ${problems.join("\n  ")}`);
+}
+
+// 4. package.json from deno.json.
+const emitted = await importedPackages(outDir, ".js");
+const runtime = [...emitted].filter((p) => !runtimePeers.has(p)).sort();
+const declared = await importedPackages(outDir, ".d.ts");
+const optionalPeers = [...declared].filter((p) => !emitted.has(p)).sort();
+const peers = [...emitted].filter((p) => runtimePeers.has(p)).concat(optionalPeers).sort();
+const rangeOf = (name: string) => {
   const npm = mapped.get(name);
   if (!npm) throw new Error(`no npm version for ${name}`);
-  return npm.version;
+  return `^${npm.version}`;
 };
 const exportsMap: Record<string, { types: string; default: string }> = {};
 for (const [key, entry] of Object.entries(config.exports)) {
@@ -170,9 +203,9 @@ const pkg = {
   types: exportsMap["."].types,
   files: ["**/*.js", "**/*.d.ts", "README.md", "LICENSE"],
   sideEffects: false,
-  dependencies: Object.fromEntries([...runtime].sort().map((n) => [n, versionOf(n)])),
-  peerDependencies: Object.fromEntries(typesOnly.sort().map((n) => [n, versionOf(n)])),
-  peerDependenciesMeta: Object.fromEntries(typesOnly.sort().map((n) => [n, { optional: true }])),
+  dependencies: Object.fromEntries(runtime.map((n) => [n, rangeOf(n)])),
+  peerDependencies: Object.fromEntries(peers.map((n) => [n, rangeOf(n)])),
+  peerDependenciesMeta: Object.fromEntries(optionalPeers.map((n) => [n, { optional: true }])),
 };
 await Deno.writeTextFile(join(outDir, "package.json"), JSON.stringify(pkg, null, 2) + "\n");
 await Deno.copyFile(join(root, "README.md"), join(outDir, "README.md"));

@@ -579,16 +579,15 @@ export interface OutboxRuntime {
 
 /**
  * Runs `work` in one database transaction: commit when it resolves, roll back when it rejects.
- * The inbox consumer and the SQLite helpers use it; for postgres.js it is
- * `(work) => sql.begin((tx) => work(tx))`.
+ * The inbox consumer and the SQLite helpers use it.
  *
  * @example
- * ```ts ignore
+ * ```ts
  * import postgres from "postgres";
- * import type { TransactionRunner } from "@outbox/nats";
- * const sql = postgres("postgres://postgres@127.0.0.1:5432/test");
- * const inTransaction: TransactionRunner<postgres.TransactionSql> = (work) =>
- *   sql.begin((tx) => work(tx));
+ * import { postgresJsExecutor, type SqlExecutor, type TransactionRunner } from "@outbox/nats";
+ * const db = postgresJsExecutor(postgres("postgres://postgres@127.0.0.1:5432/app"));
+ * // Every executor offers transaction(work): BEGIN, work(tx), COMMIT (ROLLBACK when it throws).
+ * const runInTransaction: TransactionRunner<SqlExecutor> = (work) => db.transaction!(work);
  * ```
  */
 export type TransactionRunner<Tx> = <T>(work: (tx: Tx) => Promise<T>) => Promise<T>;

@@ -221,7 +221,7 @@ export interface DispatchOutboxResult {
  * breaker.
  *
  * @example
- * ```ts
+ * ```ts ignore
  * import { connect } from "@nats-io/transport-node";
  * import { jetstream } from "@nats-io/jetstream";
  * import { createJetStreamRuntime, dispatchOutbox, MemoryOutboxRepository } from "@outbox/nats";

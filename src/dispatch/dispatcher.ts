@@ -151,7 +151,7 @@ export interface OutboxDispatcherOptions extends OutboxDispatchHooks {
  *   no timer is left.
  *
  * @example
- * ```ts
+ * ```ts ignore
  * import { connect } from "@nats-io/transport-node";
  * import { jetstream } from "@nats-io/jetstream";
  * import { createJetStreamRuntime, MemoryOutboxRepository, OutboxDispatcher } from "@outbox/nats";

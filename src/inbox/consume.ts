@@ -30,10 +30,10 @@ import {
  * handlers receive the full message type of the consumer you pass.
  *
  * @example
- * ```ts ignore
- * import type { M } from "@nats-io/jetstream";
+ * ```ts
+ * import type { JsMsg } from "@nats-io/jetstream";
  * import type { JetStreamMessageLike } from "@outbox/nats";
- * const accepts = (message: M): JetStreamMessageLike => message;
+ * const accepts = (message: JsMsg): JetStreamMessageLike => message;
  * ```
  */
 export interface JetStreamMessageLike {
@@ -60,8 +60,11 @@ export interface JetStreamMessageLike {
  * it.
  *
  * @example
- * ```ts ignore
- * const consumer: PullConsumerLike<M> = await js.consumers.get("ORDERS", "billing");
+ * ```ts
+ * import type { JetStreamClient, JsMsg } from "@nats-io/jetstream";
+ * import type { PullConsumerLike } from "@outbox/nats";
+ * const billingConsumer = (js: JetStreamClient): Promise<PullConsumerLike<JsMsg>> =>
+ *   js.consumers.get("ORDERS", "billing");
  * ```
  */
 export interface PullConsumerLike<M extends JetStreamMessageLike> {
@@ -167,10 +170,12 @@ export interface InboxConsumerStats {
  * A running consumer loop.
  *
  * @example
- * ```ts ignore
- * const running = await consumeWithInbox(js, options);
- * // ...
- * await running.stop(); // waits for the handlers in flight
+ * ```ts
+ * import type { InboxConsumer } from "@outbox/nats";
+ * async function shutdown(running: InboxConsumer): Promise<void> {
+ *   await running.stop(); // waits for the handlers in flight
+ *   console.log("processed", running.stats.processed, "duplicates", running.stats.duplicates);
+ * }
  * ```
  */
 export interface InboxConsumer {
@@ -191,17 +196,23 @@ export interface InboxConsumer {
  * import postgres from "postgres";
  * import { jetstream } from "@nats-io/jetstream";
  * import { connect } from "@nats-io/transport-node";
- * import { consumeWithInbox, postgresJsExecutor, SqlInboxRepository } from "@outbox/nats";
+ * import {
+ *   consumeWithInbox,
+ *   postgresJsExecutor,
+ *   type SqlExecutor,
+ *   SqlInboxRepository,
+ * } from "@outbox/nats";
  *
- * const sql = postgres("postgres://postgres@127.0.0.1:5432/test");
- * const js = jetstream(await connect({ servers: "127.0.0.1:4222" }));
+ * const db = postgresJsExecutor(postgres("postgres://postgres@127.0.0.1:5432/app"));
+ * const js = jetstream(await connect({ servers: "nats://127.0.0.1:4222" }));
  * const running = await consumeWithInbox(await js.consumers.get("ORDERS", "billing"), {
  *   scope: "billing",
- *   transaction: (work) => sql.begin((tx) => work(tx)),
- *   inbox: (tx) => new SqlInboxRepository(postgresJsExecutor(tx), "postgres"),
+ *   transaction: (work) => db.transaction!(work),
+ *   // Annotating tx lets TypeScript infer the transaction type for the handler.
+ *   inbox: (tx: SqlExecutor) => new SqlInboxRepository(tx, "postgres"),
  *   handler: async (message, { tx }) => {
  *     const order = message.json<{ id: number }>();
- *     await tx`UPDATE orders SET billed = true WHERE id = ${order.id}`;
+ *     await tx.query("UPDATE orders SET billed = true WHERE id = $1", [order.id]);
  *   },
  * });
  * ```
@@ -393,9 +404,10 @@ function guard(fn: () => void): void {
  * `<stream>:<stream sequence>`, which is unique per stream.
  *
  * @example
- * ```ts ignore
+ * ```ts
+ * import type { JsMsg } from "@nats-io/jetstream";
  * import { messageIdOf } from "@outbox/nats";
- * const id = messageIdOf(message); // a JsMsg
+ * const idOf = (message: JsMsg): string => messageIdOf(message);
  * ```
  */
 export function messageIdOf(message: JetStreamMessageLike): string {

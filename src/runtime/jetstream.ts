@@ -33,12 +33,10 @@ export const defaultPublishTimeoutMs = 5_000;
  *
  * @example
  * ```ts
- * import { connect } from "@nats-io/transport-node";
+ * import type { NatsConnection } from "@nats-io/transport-node";
  * import { jetstream } from "@nats-io/jetstream";
  * import type { JetStreamPublisher } from "@outbox/nats";
- * const nc = await connect({ servers: "nats://127.0.0.1:4222" });
- * const js: JetStreamPublisher = jetstream(nc);
- * await nc.close();
+ * const publisherFor = (nc: NatsConnection): JetStreamPublisher => jetstream(nc);
  * ```
  */
 export interface JetStreamPublisher {
@@ -94,7 +92,7 @@ export interface JetStreamRuntimeOptions {
  * circuit breaker.
  *
  * @example
- * ```ts
+ * ```ts ignore
  * import { connect } from "@nats-io/transport-node";
  * import { jetstream } from "@nats-io/jetstream";
  * import { createJetStreamRuntime, type JetStreamOutboxRuntime } from "@outbox/nats";
@@ -128,7 +126,7 @@ export interface JetStreamOutboxRuntime extends OutboxRuntime {
  * timeout, 5 s unless configured in `jetstream(nc, { timeout })`) and publishes nothing.
  *
  * @example
- * ```ts
+ * ```ts ignore
  * import { connect } from "@nats-io/transport-node";
  * import { jetstream } from "@nats-io/jetstream";
  * import { createJetStreamRuntime, MemoryOutboxRepository, OutboxDispatcher } from "@outbox/nats";

@@ -98,8 +98,11 @@ export interface OutboxErrorAttributes {
  * A backlog observation, from {@linkcode OutboxTelemetry.observeBacklog}.
  *
  * @example
- * ```ts ignore
- * const observation = telemetry.observeBacklog(outbox, { store: "postgres" });
+ * ```ts
+ * import { MemoryOutboxRepository } from "@outbox/nats";
+ * import { OutboxTelemetry } from "@outbox/nats/telemetry";
+ * const telemetry = new OutboxTelemetry();
+ * const observation = telemetry.observeBacklog(new MemoryOutboxRepository(), { store: "memory" });
  * await observation.refresh();
  * observation.stop();
  * ```
@@ -305,8 +308,20 @@ export class OutboxTelemetry {
    * duplicates. Spread them into the consumer options.
    *
    * @example
-   * ```ts ignore
-   * const running = await consumeWithInbox(consumer, { ...options, ...telemetry.inboxHooks() });
+   * ```ts
+   * import type { JsMsg } from "@nats-io/jetstream";
+   * import {
+   *   consumeWithInbox,
+   *   type InboxConsumerOptions,
+   *   type PullConsumerLike,
+   * } from "@outbox/nats";
+   * import { OutboxTelemetry } from "@outbox/nats/telemetry";
+   *
+   * const telemetry = new OutboxTelemetry();
+   * const start = (
+   *   consumer: PullConsumerLike<JsMsg>,
+   *   options: InboxConsumerOptions<JsMsg, undefined>,
+   * ) => consumeWithInbox(consumer, { ...options, ...telemetry.inboxHooks() });
    * ```
    */
   inboxHooks<

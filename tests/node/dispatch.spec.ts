@@ -5,13 +5,11 @@ import { test } from "node:test";
 import { connect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { createJetStreamRuntime, MemoryOutboxRepository, OutboxDispatcher } from "@outbox/nats";
+import { natsUrl, uniqueName } from "./servers.ts";
 
 test("node: OutboxDispatcher publishes to JetStream and settles every message", async () => {
-  const url = process.env.OUTBOX_TEST_NATS_URL;
-  assert.ok(url, "OUTBOX_TEST_NATS_URL is set (run through tests/kit/run.ts)");
-  const nc = await connect({ servers: url });
-  const suffix = `${Date.now().toString(36)}_${Math.random().toString(36).slice(2, 8)}`;
-  const name = `node_dispatch_${suffix}`;
+  const nc = await connect({ servers: natsUrl() });
+  const name = uniqueName("node_dispatch");
   const jsm = await jetstreamManager(nc);
   await jsm.streams.add({ name, subjects: [`${name}.>`] });
   try {

@@ -8,10 +8,11 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { randomUUID } from "node:crypto";
+// @ts-types="@types/better-sqlite3"
+import Database from "better-sqlite3";
 import pg from "pg";
 import postgres from "postgres";
 import {
-  type BetterSqlite3Database,
   betterSqlite3Executor,
   migrate,
   pgExecutor,
@@ -22,16 +23,9 @@ import {
 } from "@outbox/nats";
 import type { ConformanceFixture } from "../conformance/cases.ts";
 import { testConformance } from "./conformance.ts";
+import { postgresUrl as testPostgresUrl } from "./servers.ts";
 
-type DatabaseConstructor = new (path: string) => BetterSqlite3Database & {
-  pragma(source: string): unknown;
-  close(): void;
-};
-// Loaded by name at run time: better-sqlite3 is a Node-only test dependency (not in deno.json).
-const betterSqlite3 = "better-sqlite3";
-const Database = (await import(betterSqlite3)).default as DatabaseConstructor;
-
-function openSqlite(path: string) {
+function openSqlite(path: string): Database.Database {
   const db = new Database(path);
   db.pragma("journal_mode = WAL");
   db.pragma("busy_timeout = 10000");
@@ -71,8 +65,7 @@ testConformance({
   },
 });
 
-const postgresUrl = process.env.OUTBOX_TEST_POSTGRES_URL ??
-  "postgres://postgres@127.0.0.1:5432/test";
+const postgresUrl = testPostgresUrl();
 
 async function postgresFixture(
   executor: SqlExecutor,

@@ -54,9 +54,9 @@ export interface KvBucketSettings {
  * @example
  * ```ts
  * import { Kvm } from "@nats-io/kv";
- * import { connect } from "@nats-io/transport-node";
+ * import type { NatsConnection } from "@nats-io/transport-node";
  * import type { KvBucketFactory } from "@outbox/nats";
- * const factory: KvBucketFactory = new Kvm(await connect());
+ * const factoryFor = (nc: NatsConnection): KvBucketFactory => new Kvm(nc);
  * ```
  */
 export interface KvBucketFactory<Bucket extends KvBucketLike = KvBucketLike> {
@@ -117,7 +117,7 @@ export interface InboxBucketOptions extends KvBucketOptions {
  * `OutboxValidationError` when an existing bucket of that name expires entries.
  *
  * @example
- * ```ts
+ * ```ts ignore
  * import { Kvm } from "@nats-io/kv";
  * import { connect } from "@nats-io/transport-node";
  * import { createOutboxBucket, NatsKvOutboxRepository } from "@outbox/nats";
@@ -150,7 +150,7 @@ export async function createOutboxBucket<Bucket extends KvBucketLike>(
  * server version (per-message TTLs need NATS 2.11).
  *
  * @example
- * ```ts
+ * ```ts ignore
  * import { Kvm } from "@nats-io/kv";
  * import { connect } from "@nats-io/transport-node";
  * import { createInboxBucket, NatsKvInboxRepository } from "@outbox/nats";

@@ -66,7 +66,7 @@ export interface NatsKvInboxRetention {
  * `createInboxBucket`), whose `max_age` is the duplicate window.
  *
  * @example
- * ```ts
+ * ```ts ignore
  * import { connect } from "@nats-io/transport-node";
  * import { Kvm } from "@nats-io/kv";
  * import { createInboxBucket, NatsKvInboxRepository } from "@outbox/nats";
@@ -162,7 +162,7 @@ export class NatsKvInboxRepository implements InboxRepository, InboxAdmin {
    * many were removed; 0 without `retentionMs`.
    *
    * @example
-   * ```ts
+   * ```ts ignore
    * import { Kvm } from "@nats-io/kv";
    * import { connect } from "@nats-io/transport-node";
    * import { NatsKvInboxRepository } from "@outbox/nats";
@@ -185,7 +185,7 @@ export class NatsKvInboxRepository implements InboxRepository, InboxAdmin {
    * else `prune`.
    *
    * @example
-   * ```ts
+   * ```ts ignore
    * import { Kvm } from "@nats-io/kv";
    * import { connect } from "@nats-io/transport-node";
    * import { createInboxBucket, NatsKvInboxRepository } from "@outbox/nats";

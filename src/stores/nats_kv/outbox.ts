@@ -154,7 +154,7 @@ type Claimed = { order: number; message: OutboxMessage };
  * 768 bytes). Duplicates and lost races are recognised by JetStream error codes.
  *
  * @example
- * ```ts
+ * ```ts ignore
  * import { connect } from "@nats-io/transport-node";
  * import { Kvm } from "@nats-io/kv";
  * import { createOutboxBucket, NatsKvOutboxRepository } from "@outbox/nats";
@@ -529,7 +529,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * listener.
    *
    * @example
-   * ```ts
+   * ```ts ignore
    * import { Kvm } from "@nats-io/kv";
    * import { connect } from "@nats-io/transport-node";
    * import { createOutboxBucket, NatsKvOutboxRepository } from "@outbox/nats";
@@ -566,7 +566,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * (admin cost); safe to run at any time, concurrently with claims.
    *
    * @example
-   * ```ts
+   * ```ts ignore
    * import { Kvm } from "@nats-io/kv";
    * import { connect } from "@nats-io/transport-node";
    * import { createOutboxBucket, NatsKvOutboxRepository } from "@outbox/nats";

@@ -100,7 +100,7 @@ type Begin = <T>(fn: (tx: PostgresJsSql) => Promise<T>) => Promise<T>;
  * and `BEGIN` / `COMMIT` on a reserved connection.
  *
  * @example
- * ```ts
+ * ```ts ignore
  * import postgres from "postgres";
  * import { postgresJsExecutor, SqlOutboxRepository } from "@outbox/nats";
  *
@@ -147,8 +147,9 @@ export function postgresJsExecutor(
  *
  * @example
  * ```ts
+ * import pg from "pg";
  * import type { PgQueryable } from "@outbox/nats";
- * declare const pool: PgQueryable; // new pg.Pool({ connectionString })
+ * const pool: PgQueryable = new pg.Pool({ connectionString: "postgres://localhost/app" });
  * ```
  */
 export interface PgQueryable {
@@ -174,7 +175,7 @@ interface PgPoolClient extends PgQueryable {
  * `PoolClient` it issues `BEGIN` / `COMMIT` on it, so call it outside your own transaction.
  *
  * @example
- * ```ts
+ * ```ts ignore
  * import pg from "pg";
  * import { pgExecutor, SqlOutboxRepository } from "@outbox/nats";
  *
@@ -250,8 +251,9 @@ export interface SqliteDatabase {
  *
  * @example
  * ```ts
- * import type { BetterSqlite3Database } from "@outbox/nats";
- * declare const db: BetterSqlite3Database; // new Database("app.db") from "better-sqlite3"
+ * import { type BetterSqlite3Database, betterSqlite3Executor } from "@outbox/nats";
+ * // better-sqlite3's `Database` fits: openExecutor(new Database("app.db"))
+ * const openExecutor = (db: BetterSqlite3Database) => betterSqlite3Executor(db);
  * ```
  */
 export interface BetterSqlite3Database {

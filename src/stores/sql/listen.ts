@@ -74,8 +74,10 @@ export interface OutboxWakeupOptions {
  * @example
  * ```ts
  * import type { OutboxWakeupSubscription } from "@outbox/nats";
- * declare const subscription: OutboxWakeupSubscription;
- * await subscription.close();
+ * async function shutdown(subscription: OutboxWakeupSubscription): Promise<void> {
+ *   console.log("stop listening on", subscription.channel);
+ *   await subscription.close();
+ * }
  * ```
  */
 export interface OutboxWakeupSubscription {
@@ -92,7 +94,7 @@ export interface OutboxWakeupSubscription {
  * Behind PgBouncer in transaction mode LISTEN does not work: leave `notify` off and poll.
  *
  * @example
- * ```ts
+ * ```ts ignore
  * import postgres from "postgres";
  * import { listenForOutboxWakeups } from "@outbox/nats";
  *

@@ -1,0 +1,29 @@
+/**
+ * The README's Node quick start, extracted by scripts/test_node.ts and run as written with
+ * `node`, next to the installed package, in an empty directory (it creates orders.db and
+ * billing.db there) against a NATS server of its own (it creates the stream ORDERS).
+ */
+
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import { test } from "node:test";
+import { promisify } from "node:util";
+
+test("node: the README's Node quick start runs as written", async () => {
+  const dir = process.env.OUTBOX_QUICKSTART_DIR;
+  const url = process.env.OUTBOX_QUICKSTART_NATS_URL;
+  assert.ok(dir && url, "OUTBOX_QUICKSTART_DIR and _NATS_URL are set (scripts/test_node.ts)");
+  const cwd = mkdtempSync(join(dir, "run-"));
+  try {
+    const { stdout } = await promisify(execFile)(
+      process.execPath,
+      [join(dir, "quickstart.mjs")],
+      { cwd, env: { ...process.env, NATS_URL: url }, timeout: 60_000 },
+    );
+    assert.match(stdout, /invoiced order 42/);
+  } finally {
+    rmSync(cwd, { recursive: true, force: true });
+  }
+});
