@@ -7,6 +7,7 @@
  * - Dependencies come from the npm specifiers deno.json maps our bare imports to: packages the
  *   emitted JavaScript imports become `dependencies`; packages only the declarations mention
  *   (driver types such as postgres.js) become optional `peerDependencies`.
+ * - `./cli` (when exported) also becomes the `outbox-nats` executable (`bin/outbox-nats.js`).
  * - The library is compiled against Node's types only, so any use of a Deno global fails the
  *   build: no shim is needed, and none is shipped.
  *
@@ -145,6 +146,30 @@ const tsconfig = {
 await Deno.writeTextFile(join(work, "tsconfig.json"), JSON.stringify(tsconfig, null, 2));
 await run(join(work, "node_modules", ".bin", "tsc"), ["-p", "."], work);
 
+// 2b. The CLI's executable for package.json "bin" (when deno.json exports ./cli).
+const bin: Record<string, string> = {};
+if (config.exports["./cli"]) {
+  const cliModule = config.exports["./cli"].replace(/^\.\//, "").replace(/\.ts$/, ".js");
+  const binFile = "bin/outbox-nats.js";
+  await Deno.mkdir(join(outDir, "bin"), { recursive: true });
+  await Deno.writeTextFile(
+    join(outDir, binFile),
+    [
+      "#!/usr/bin/env node",
+      "// The outbox-nats executable: runs the CLI with the process's arguments.",
+      'import process from "node:process";',
+      `import { main } from "../${cliModule}";`,
+      "",
+      "process.exitCode = await main(process.argv.slice(2));",
+      "// Commands close what they open; should anything still hold the event loop, exit anyway.",
+      "setTimeout(() => process.exit(), 2_000).unref();",
+      "",
+    ].join("\n"),
+  );
+  await Deno.chmod(join(outDir, binFile), 0o755);
+  bin["outbox-nats"] = binFile;
+}
+
 // 3. package.json from deno.json.
 const runtime = await importedPackages(outDir, ".js");
 const typesOnly = [...await importedPackages(outDir, ".d.ts")].filter((p) => !runtime.has(p));
@@ -167,6 +192,7 @@ const pkg = {
   engines: { node: ">=20" },
   exports: exportsMap,
   main: exportsMap["."].default,
+  ...(Object.keys(bin).length > 0 ? { bin } : {}),
   types: exportsMap["."].types,
   files: ["**/*.js", "**/*.d.ts", "README.md", "LICENSE"],
   sideEffects: false,

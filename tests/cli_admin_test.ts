@@ -4,7 +4,14 @@
  */
 
 import assert from "node:assert/strict";
-import { runCli, seedMix, storeFixtures } from "./helpers/cli.ts";
+import {
+  CliProcess,
+  runCli,
+  seedMix,
+  seedRecords,
+  sqliteStore,
+  storeFixtures,
+} from "./helpers/cli.ts";
 import { uniqueName } from "./kit/mod.ts";
 
 for (const [name, open] of storeFixtures) {
@@ -172,3 +179,22 @@ for (const [name, open] of storeFixtures) {
     );
   });
 }
+
+Deno.test("cli sqlite: status --watch refreshes until SIGINT (one JSON object per line)", async () => {
+  await using store = await sqliteStore();
+  await store.outbox.enqueueMany(seedRecords(uniqueName("w"), 2));
+  const watch = new CliProcess(["status", ...store.args, "--json", "--watch", "100ms"]);
+  try {
+    await watch.waitForLine(/"pending":2/);
+    await store.outbox.enqueueMany(seedRecords(uniqueName("w"), 1));
+    await watch.waitForLine(/"pending":3/);
+    watch.kill("SIGINT");
+    const result = await watch.done;
+    assert.equal(result.code, 0, result.stderr);
+    const reports = result.stdout.trim().split("\n").map((line) => JSON.parse(line));
+    assert.ok(reports.length >= 2);
+    assert.ok(reports.every((report) => typeof report.due === "number"));
+  } finally {
+    await watch.cleanup();
+  }
+});

@@ -6,6 +6,8 @@
  */
 
 import { existsSync } from "node:fs";
+import { createRequire } from "node:module";
+import process from "node:process";
 import {
   type BetterSqlite3Database,
   betterSqlite3Executor,
@@ -34,30 +36,44 @@ type BetterSqlite3Module = {
   };
 };
 
-// Held in variables so neither Deno nor the npm build's compiler resolves them statically:
-// node:sqlite is missing from Node 20 (and its types), and better-sqlite3 is the user's optional
-// dependency on Node, never ours.
-const nodeSqliteSpecifier = "node:sqlite";
-const betterSqlite3Specifier = "better-sqlite3";
+/** `node:sqlite` when this runtime has it (Deno; Node >= 22.5 without a flag since 22.13). */
+function loadNodeSqlite(): NodeSqliteModule | undefined {
+  try {
+    return process.getBuiltinModule?.("node:sqlite") as NodeSqliteModule | undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** `better-sqlite3` from the user's project (Node 20), loaded only when node:sqlite is missing. */
+function loadBetterSqlite3(): BetterSqlite3Module | undefined {
+  try {
+    const load = createRequire(import.meta.url);
+    const loaded = load("better-sqlite3");
+    return { default: loaded.default ?? loaded };
+  } catch {
+    return undefined;
+  }
+}
 
 /**
  * Opens `path`. Unless `create` is set, a missing file is an error rather than a new, empty
  * database. Sets `busy_timeout` so the CLI waits for the service's write transactions.
  */
-export async function openSqlite(path: string, create: boolean): Promise<OpenedSqlite> {
+export function openSqlite(path: string, create: boolean): OpenedSqlite {
   if (!create && !existsSync(path)) {
     throw new CliError(
       `SQLite database ${path} does not exist (create it and its tables with "outbox-nats migrate")`,
     );
   }
-  const nodeSqlite = await tryImport<NodeSqliteModule>(nodeSqliteSpecifier);
+  const nodeSqlite = loadNodeSqlite();
   try {
     if (nodeSqlite?.DatabaseSync) {
       const db = new nodeSqlite.DatabaseSync(path);
       db.exec("PRAGMA busy_timeout = 5000");
       return { executor: nodeSqliteExecutor(db), driver: "node:sqlite", close: () => db.close() };
     }
-    const better = await tryImport<BetterSqlite3Module>(betterSqlite3Specifier);
+    const better = loadBetterSqlite3();
     if (better?.default) {
       const db = new better.default(path);
       db.exec("PRAGMA busy_timeout = 5000");
@@ -76,14 +92,6 @@ export async function openSqlite(path: string, create: boolean): Promise<OpenedS
     "SQLite stores need node:sqlite (Deno, or Node >= 22.5) or the better-sqlite3 package; " +
       "on this Node, install it next to @outbox/nats: npm install better-sqlite3",
   );
-}
-
-async function tryImport<T>(specifier: string): Promise<T | undefined> {
-  try {
-    return await import(specifier) as T;
-  } catch {
-    return undefined;
-  }
 }
 
 function messageOf(error: unknown): string {

@@ -96,7 +96,7 @@ export async function openSqlDatabase(
   const target = settings.target;
   const tables = sqlTables(settings);
   if (target.kind === "sqlite") {
-    const db = await openSqlite(target.path, create);
+    const db = openSqlite(target.path, create);
     return {
       dialect: "sqlite",
       executor: db.executor,
