@@ -321,8 +321,8 @@ Deno.test("cli relay health: 200 ready with the backlog; 503 store_unavailable w
       await relay.waitForLine(/^relay: started/);
       const ready = await eventually(async () => {
         const answer = await health(port);
-        const backlog = answer.body.backlog as { pending: number } | null;
-        if (backlog?.pending !== 0) throw new Error("not drained yet");
+        const backlog = answer.body.backlog as { pending: number; claimed: number } | null;
+        if (backlog?.pending !== 0 || backlog.claimed !== 0) throw new Error("not drained yet");
         return answer;
       });
       assert.equal(ready.status, 200);
