@@ -9,6 +9,7 @@
  *   the emitted JavaScript imports become `dependencies`; packages only the declarations mention
  *   (driver types such as `@nats-io/kv`) become optional `peerDependencies`; `@opentelemetry/api`
  *   is a (non-optional) peer, because its global registry only works with the application's copy.
+ * - `./cli` (when exported) also becomes the `outbox-nats` executable (`bin/outbox-nats.js`).
  * - The library is compiled against Node's types only, so any use of a Deno global fails the
  *   build, and the emitted files are scanned for what Node 20 cannot run (`Deno.`,
  *   `import.meta.main`, `node:sqlite`, `npm:` / `jsr:` specifiers): no shim is needed, and none
@@ -155,6 +156,30 @@ const tsconfig = {
 await Deno.writeTextFile(join(work, "tsconfig.json"), JSON.stringify(tsconfig, null, 2));
 await run(join(work, "node_modules", ".bin", "tsc"), ["-p", "."], work);
 
+// 2b. The CLI's executable for package.json "bin" (when deno.json exports ./cli).
+const bin: Record<string, string> = {};
+if (config.exports["./cli"]) {
+  const cliModule = config.exports["./cli"].replace(/^\.\//, "").replace(/\.ts$/, ".js");
+  const binFile = "bin/outbox-nats.js";
+  await Deno.mkdir(join(outDir, "bin"), { recursive: true });
+  await Deno.writeTextFile(
+    join(outDir, binFile),
+    [
+      "#!/usr/bin/env node",
+      "// The outbox-nats executable: runs the CLI with the process's arguments.",
+      'import process from "node:process";',
+      `import { main } from "../${cliModule}";`,
+      "",
+      "process.exitCode = await main(process.argv.slice(2));",
+      "// Commands close what they open; should anything still hold the event loop, exit anyway.",
+      "setTimeout(() => process.exit(), 2_000).unref();",
+      "",
+    ].join("\n"),
+  );
+  await Deno.chmod(join(outDir, binFile), 0o755);
+  bin["outbox-nats"] = binFile;
+}
+
 // 3. Nothing Node 20 cannot run, in the JavaScript or the declarations.
 const nodeIncompatible: Array<[RegExp, string]> = [
   [/\bDeno\s*\./, "a Deno global"],
@@ -200,6 +225,7 @@ const pkg = {
   engines: { node: ">=20" },
   exports: exportsMap,
   main: exportsMap["."].default,
+  ...(Object.keys(bin).length > 0 ? { bin } : {}),
   types: exportsMap["."].types,
   files: ["**/*.js", "**/*.d.ts", "README.md", "LICENSE"],
   sideEffects: false,

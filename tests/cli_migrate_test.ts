@@ -1,0 +1,150 @@
+/**
+ * `outbox-nats migrate` as a subprocess: --print shows the pending SQL and changes nothing;
+ * without it the tables are created or upgraded with migrate(). Postgres, SQLite, NATS KV.
+ */
+
+import assert from "node:assert/strict";
+import { DatabaseSync } from "node:sqlite";
+import { join } from "node:path";
+import { Kvm } from "@nats-io/kv";
+import { jetstreamManager } from "@nats-io/jetstream";
+import postgres from "postgres";
+import { runCli } from "./helpers/cli.ts";
+import { connectNats, createTestDatabase, natsUrl, uniqueName } from "./kit/mod.ts";
+import { schemaV1 } from "../src/stores/sql/schema.ts";
+import { resolveSqlOutboxTables } from "../src/stores/sql/tables.ts";
+
+Deno.test("cli migrate postgres: --print lists pending SQL without changing anything; migrate applies it", async () => {
+  await using database = await createTestDatabase();
+  const sql = postgres(database.url, { max: 1, onnotice: () => {} });
+  try {
+    const outbox = uniqueName("cli_m");
+    const args = [
+      "--store",
+      database.url,
+      "--outbox-table",
+      outbox,
+      "--inbox-table",
+      `${outbox}_i`,
+    ];
+    const exists = async () =>
+      (await sql.unsafe("SELECT to_regclass($1) IS NOT NULL AS ok", [outbox]))[0].ok;
+
+    const printed = await runCli(["migrate", "--print", ...args]);
+    assert.equal(printed.code, 0, printed.stderr);
+    assert.match(printed.stdout, /2 pending migration\(s\) for .* version 0 -> 2/);
+    assert.match(printed.stdout, /^-- trellis_sql_outbox_inbox_postgres_v1 \(version 1, fnv1a64:/m);
+    assert.match(printed.stdout, /^-- trellis_sql_outbox_inbox_postgres_v2 \(version 2, fnv1a64:/m);
+    assert.match(printed.stdout, new RegExp(`^CREATE TABLE IF NOT EXISTS ${outbox} \\(`, "m"));
+    assert.equal(await exists(), false, "--print changed nothing");
+
+    const applied = await runCli(["migrate", ...args]);
+    assert.equal(applied.code, 0, applied.stderr);
+    assert.match(
+      applied.stdout,
+      /from version 0 to 2: applied trellis_sql_outbox_inbox_postgres_v1, trellis_sql_outbox_inbox_postgres_v2/,
+    );
+    assert.equal(await exists(), true);
+
+    const again = await runCli(["migrate", "--print", ...args]);
+    assert.match(again.stdout, /nothing to migrate: .* at version 2/);
+    const status = await runCli(["status", ...args, "--json"]);
+    assert.equal(status.code, 0, status.stderr);
+    assert.equal(JSON.parse(status.stdout).pending, 0);
+  } finally {
+    await sql.end();
+  }
+});
+
+Deno.test("cli migrate postgres: tables made by the reference's DDL are upgraded from version 1", async () => {
+  await using database = await createTestDatabase();
+  const sql = postgres(database.url, { max: 1, onnotice: () => {} });
+  try {
+    const outbox = uniqueName("cli_v1");
+    const tables = resolveSqlOutboxTables({ outbox, inbox: `${outbox}_i` });
+    for (const statement of schemaV1("postgres", tables)) await sql.unsafe(statement);
+    const args = [
+      "--store",
+      database.url,
+      "--outbox-table",
+      outbox,
+      "--inbox-table",
+      `${outbox}_i`,
+    ];
+
+    const status = await runCli(["status", ...args]);
+    assert.equal(status.code, 1);
+    assert.match(status.stderr, /has schema version 1; upgrade it with "outbox-nats migrate"/);
+
+    const printed = await runCli(["migrate", "--print", ...args]);
+    assert.match(
+      printed.stdout,
+      /exists without a migration record: "outbox-nats migrate" adopts it at version 1/,
+    );
+    assert.match(printed.stdout, /version 1 -> 2/);
+    assert.doesNotMatch(printed.stdout, /_v1 \(version 1/);
+    assert.match(printed.stdout, new RegExp(`^ALTER TABLE ${outbox} ADD COLUMN seq bigint;$`, "m"));
+
+    const applied = await runCli(["migrate", ...args]);
+    assert.equal(applied.code, 0, applied.stderr);
+    assert.match(applied.stdout, /from version 1 to 2 \(existing tables adopted at version 1\)/);
+    assert.equal((await runCli(["status", ...args])).code, 0);
+  } finally {
+    await sql.end();
+  }
+});
+
+Deno.test("cli migrate sqlite: --print on a missing file, then migrate creates the file and tables", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "outbox-cli-" });
+  try {
+    const path = join(dir, "app.db");
+    const printed = await runCli(["migrate", "--print", "--store", `sqlite:${path}`]);
+    assert.equal(printed.code, 0, printed.stderr);
+    assert.match(printed.stdout, /does not exist: all 2 migrations are pending/);
+    assert.match(printed.stdout, /^CREATE TABLE IF NOT EXISTS trellis_outbox \(/m);
+    await assert.rejects(Deno.stat(path), Deno.errors.NotFound);
+
+    const applied = await runCli(["migrate", "--store", `sqlite:${path}`]);
+    assert.equal(applied.code, 0, applied.stderr);
+    assert.match(applied.stdout, /from version 0 to 2/);
+    const db = new DatabaseSync(path);
+    try {
+      const rows = db.prepare("SELECT version FROM trellis_outbox_migrations ORDER BY version")
+        .all() as Array<{ version: number }>;
+      assert.deepEqual(rows.map((row) => Number(row.version)), [1, 2]);
+    } finally {
+      db.close();
+    }
+    const again = await runCli(["migrate", "--print", "--store", `sqlite:${path}`]);
+    assert.match(again.stdout, /nothing to migrate/);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("cli migrate nats-kv: creates the bucket once (--print creates nothing)", async () => {
+  const bucket = uniqueName("cli_mkv");
+  const args = ["--store", `nats-kv://${bucket}`, "--nats", await natsUrl()];
+  const nc = await connectNats();
+  try {
+    const jsm = await jetstreamManager(nc);
+    const printed = await runCli(["migrate", "--print", ...args]);
+    assert.equal(printed.code, 0, printed.stderr);
+    assert.match(printed.stdout, new RegExp(`would create NATS KV bucket "${bucket}"`));
+    await assert.rejects(jsm.streams.info(`KV_${bucket}`));
+
+    const created = await runCli(["migrate", ...args]);
+    assert.equal(created.code, 0, created.stderr);
+    assert.match(created.stdout, new RegExp(`created NATS KV bucket "${bucket}"`));
+    const info = await jsm.streams.info(`KV_${bucket}`);
+    assert.equal(info.config.max_msgs_per_subject, 1);
+
+    const again = await runCli(["migrate", ...args]);
+    assert.match(again.stdout, /exists: nothing to do/);
+    const status = await runCli(["status", ...args, "--json"]);
+    assert.equal(status.code, 0, status.stderr);
+  } finally {
+    await (await new Kvm(nc).open(bucket)).destroy().catch(() => {});
+    await nc.close();
+  }
+});
