@@ -85,7 +85,7 @@ export interface PullConsumerLike<M extends JetStreamMessageLike> {
  * const runInTransaction: TransactionRunner<Tx> = (work) => sql.begin((tx) => work(tx));
  * ```
  */
-export type TransactionRunner<Tx> = <T>(work: (tx: Tx) => Promise<T>) => Promise<T>;
+export type TransactionRunner<Tx> = <T>(work: (tx: Tx) => Promise<T>) => Promise<unknown>;
 
 /**
  * What the handler receives besides the message.
@@ -212,7 +212,8 @@ export interface InboxConsumer {
  * const running = await consumeWithInbox(await js.consumers.get("ORDERS", "billing"), {
  *   scope: "billing",
  *   transaction: (work) => sql.begin((tx) => work(tx)),
- *   inbox: (tx) => new SqlInboxRepository(postgresJsExecutor(tx), "postgres"),
+ *   inbox: (tx: postgres.TransactionSql) =>
+ *     new SqlInboxRepository(postgresJsExecutor(tx), "postgres"),
  *   handler: async (message, { tx }) => {
  *     const order = message.json<{ id: number }>();
  *     await tx`UPDATE orders SET billed = true WHERE id = ${order.id}`;

@@ -12,7 +12,7 @@
  */
 
 import postgres from "postgres";
-import { jetstream } from "@nats-io/jetstream";
+import { jetstream, type JsMsg } from "@nats-io/jetstream";
 import { connect } from "@nats-io/transport-node";
 import { consumeWithInbox, postgresJsExecutor, SqlInboxRepository } from "../../../mod.ts";
 import { emit, type InboxConsumerConfig } from "./protocol.ts";
@@ -30,7 +30,7 @@ const consumer = await jetstream(nc).consumers.get(config.stream, config.durable
 
 let commits = 0;
 let handled: string | undefined;
-const running = await consumeWithInbox(consumer, {
+const running = await consumeWithInbox<JsMsg, postgres.TransactionSql>(consumer, {
   scope: config.durable,
   concurrency: config.concurrency ?? 1,
   transaction: async (work) => {
