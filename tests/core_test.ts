@@ -69,6 +69,17 @@ Deno.test("validateOutboxRecord rejects non-objects and names the field", () => 
   assert.doesNotThrow(() => validateOutboxRecord({ ...base, headers: { "Nats-Msg-Id": "m-1" } }));
 });
 
+Deno.test("ids with leading or trailing whitespace are rejected: NATS trims header values, so JetStream would take ' a' for 'a'", () => {
+  for (const id of [" a", "a ", "\ta", "a\t", "\u00a0a", "a\u3000", "\ufeffa", " "]) {
+    assert.throws(
+      () => validateOutboxRecord({ ...base, id }),
+      (error: OutboxValidationError) => error.field === "id" && /whitespace/.test(error.message),
+      JSON.stringify(id),
+    );
+  }
+  assert.doesNotThrow(() => validateOutboxRecord({ ...base, id: "a b\tc d" }), "inner whitespace");
+});
+
 Deno.test("id length is measured in UTF-8 bytes", () => {
   assert.doesNotThrow(() => validateOutboxRecord({ ...base, id: "a".repeat(2048) }));
   assert.throws(() => validateOutboxRecord({ ...base, id: "a".repeat(2049) }), /2048 bytes/);

@@ -166,6 +166,31 @@ Deno.test("dispatchOutbox: a PubAck with duplicate: true counts as dispatched (a
   }
 });
 
+Deno.test("createJetStreamRuntime: a re-publish is a duplicate even when other headers contain 'Nats-Msg-Id'", async () => {
+  // nats-server 2.9 looks for the first occurrence of "Nats-Msg-Id" in the header block; a
+  // header named X-Original-Nats-Msg-Id (or a value containing the text) written before ours
+  // hid the id, and every re-publish was stored again. The runtime writes Nats-Msg-Id first.
+  const nc = await connectNats();
+  try {
+    await using stream = await createTestStream(nc);
+    const runtime = createJetStreamRuntime(jetstream(nc));
+    const event: PreparedEvent = {
+      ...preparedEvent(`${stream.prefix}.a`),
+      headers: { "X-Original-Nats-Msg-Id": "upstream-7", "X-Note": "copied from Nats-Msg-Id" },
+    };
+    const first = await runtime.publishPreparedEvent(event);
+    const again = await runtime.publishPreparedEvent(event);
+    assert.equal(first.duplicate, false);
+    assert.equal(again.duplicate, true, "the duplicate window absorbed the re-publish");
+    assert.deepEqual(await streamIds(nc, stream.name), [event.header.id]);
+    const stored = await (await jetstreamManager(nc)).streams.getMessage(stream.name, { seq: 1 });
+    assert.equal(stored?.header.get("X-Original-Nats-Msg-Id"), "upstream-7");
+    assert.equal(stored?.header.get("X-Note"), "copied from Nats-Msg-Id");
+  } finally {
+    await nc.close();
+  }
+});
+
 Deno.test("dispatchOutbox: no stream for the subject is retried with growing backoff, then dead after maxAttempts", async () => {
   const nc = await connectNats();
   try {

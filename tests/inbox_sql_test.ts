@@ -28,10 +28,13 @@ import {
   type TestStream,
 } from "./kit/mod.ts";
 
+/** Runs work in a transaction and resolves to its result. */
+type Run = <T>(work: (tx: SqlExecutor) => Promise<T>) => Promise<T>;
+
 /** A store the inbox lives in, with a business table `effects(id, applied)`. */
 interface Store extends AsyncDisposable {
   name: string;
-  run: TransactionRunner<SqlExecutor>;
+  run: Run;
   /** How many times the effect for `id` was applied. */
   applied(id: string): Promise<number>;
   /** Inbox rows for `id` (any consumer). */
@@ -46,7 +49,7 @@ async function postgresStore(): Promise<Store> {
   const sql = open();
   await migrate(postgresJsExecutor(sql), { dialect: "postgres" });
   await sql`CREATE TABLE effects (id text PRIMARY KEY, applied int NOT NULL)`;
-  const runner = (client: postgres.Sql): TransactionRunner<SqlExecutor> => (work) =>
+  const runner = (client: postgres.Sql): Run => (work) =>
     client.begin((tx) => work(postgresJsExecutor(tx))) as ReturnType<typeof work>;
   return {
     name: "postgres",

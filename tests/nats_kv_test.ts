@@ -382,6 +382,44 @@ Deno.test("nats kv: markMany issues its writes concurrently", async () => {
   assert.equal(peak, 20, "all 20 record writes were in flight together");
 });
 
+Deno.test("nats kv: stats, listDead and prune finish while another process keeps writing", async () => {
+  // Before: the scan followed the writes (nats.js history() ends only when it has caught up),
+  // so stats() on a bucket another process kept writing ran until the writes paused.
+  await using fixture = await openKvFixture();
+  const reader = fixture.outbox();
+  const writer = fixture.outbox({ kv: fixture.peerKv });
+  await writer.enqueueMany(Array.from({ length: 200 }, () => record()));
+  const limit = 5_000;
+  let written = 0;
+  let scansDone = false;
+  const writing = (async () => {
+    // A dispatcher's churn: enqueue, claim, settle.
+    while (!scansDone && written < limit) {
+      await writer.enqueue(record());
+      const claims = await writer.claimDue(5, new Date());
+      await writer.markMany(
+        claims.map((claim) => ({ claim, state: "dispatched" as const })),
+        new Date(),
+      );
+      written += 1;
+    }
+  })();
+  try {
+    for (let i = 0; i < 3; i++) {
+      await reader.stats();
+      await reader.listDead();
+      await reader.prune({ dispatchedBefore: new Date(0) });
+    }
+    assert.ok(
+      written < limit,
+      `the scans returned while the writer was still writing (${written})`,
+    );
+  } finally {
+    scansDone = true;
+    await writing;
+  }
+});
+
 Deno.test("nats kv: claim work does not grow with dispatched messages kept in the bucket", async () => {
   await using fixture = await openKvFixture();
   const filler = fixture.outbox();

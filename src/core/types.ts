@@ -579,7 +579,9 @@ export interface OutboxRuntime {
 
 /**
  * Runs `work` in one database transaction: commit when it resolves, roll back when it rejects.
- * The inbox consumer and the SQLite helpers use it.
+ * The inbox consumer uses it and ignores the value it resolves to, so drivers that wrap the
+ * result (postgres.js `sql.begin` resolves to an unwrapped array type) fit as they are:
+ * `(work) => sql.begin((tx) => work(tx))`.
  *
  * @example
  * ```ts
@@ -590,4 +592,4 @@ export interface OutboxRuntime {
  * const runInTransaction: TransactionRunner<SqlExecutor> = (work) => db.transaction!(work);
  * ```
  */
-export type TransactionRunner<Tx> = <T>(work: (tx: Tx) => Promise<T>) => Promise<T>;
+export type TransactionRunner<Tx> = <T>(work: (tx: Tx) => Promise<T>) => Promise<unknown>;

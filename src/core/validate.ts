@@ -54,7 +54,8 @@ const headerName = /^[!-9;-~]+$/;
  * {@linkcode OutboxValidationError} naming the offending field otherwise.
  *
  * Rules: `id` is a non-empty string of at most {@linkcode maxOutboxIdBytes} bytes without NUL, CR
- * or LF (it is published as the `Nats-Msg-Id` header); `kind` is one of
+ * or LF, and without leading or trailing whitespace (it is published as the `Nats-Msg-Id`
+ * header, whose value NATS trims); `kind` is one of
  * {@linkcode outboxRecordKinds}; `name` and `payload` are strings without NUL; `subject` is a
  * literal NATS subject (non-empty tokens, no whitespace or control characters, no `*` or `>`
  * token); `headers` is a plain object of string values without CR, LF or NUL, with names of
@@ -78,6 +79,14 @@ export function validateOutboxRecord(record: unknown): OutboxRecord {
   if (id.length === 0) throw new OutboxValidationError("id", "Outbox id must not be empty");
   if (/[\r\n]/.test(id)) {
     throw new OutboxValidationError("id", "Outbox id must not contain CR or LF");
+  }
+  if (id.trim() !== id) {
+    // NATS clients trim header values: ' a' would be published as Nats-Msg-Id 'a', and
+    // JetStream would drop it as a duplicate of the message 'a' (or store it under the wrong id).
+    throw new OutboxValidationError(
+      "id",
+      "Outbox id must not start or end with whitespace (it is published as the Nats-Msg-Id header, whose value NATS trims)",
+    );
   }
   if (byteLength(id) > maxOutboxIdBytes) {
     throw new OutboxValidationError(

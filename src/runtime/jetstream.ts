@@ -5,6 +5,7 @@
  */
 
 import { headers as natsHeaders } from "@nats-io/nats-core";
+import { OutboxPublishError } from "../core/errors.ts";
 import { outboxHeaders } from "../core/events.ts";
 import type {
   JsonValue,
@@ -159,16 +160,32 @@ export function createJetStreamRuntime(
         1,
         Math.floor(budget === undefined ? timeoutMs : Math.min(timeoutMs, budget)),
       );
+      // Nats-Msg-Id goes FIRST, and not through the `msgID` option (which nats.js appends
+      // last): nats-server 2.9 takes the first occurrence of the text "Nats-Msg-Id" in the
+      // header block, so a header such as X-Original-Nats-Msg-Id written before ours would hide
+      // the id and a re-publish would be stored twice.
+      const id = event.header.id;
+      if (typeof id !== "string" || id.length === 0 || id.trim() !== id || /[\r\n]/.test(id)) {
+        // Rows written before ids were validated (or behind the store's back): published as is,
+        // the trimmed id would collide with another message's and be dropped as its duplicate.
+        throw new OutboxPublishError(
+          "permanent",
+          `the id ${
+            JSON.stringify(id)
+          } cannot be carried as Nats-Msg-Id (empty, CR/LF, or leading/trailing whitespace, which NATS trims)`,
+          { code: "invalid_msg_id" },
+        );
+      }
       const messageHeaders = natsHeaders();
+      messageHeaders.set(outboxHeaders.messageId, id);
       for (const [name, value] of Object.entries(event.headers)) {
-        // Nats-Msg-Id is set from the event id below (validation keeps them equal).
+        // The event id above is the Nats-Msg-Id (validation keeps a stored one equal to it).
         if (name.toLowerCase() === messageIdLower) continue;
         messageHeaders.set(name, value);
       }
       let ack;
       try {
         ack = await js.publish(event.subject, event.encodedPayload, {
-          msgID: event.header.id,
           headers: messageHeaders,
           timeout,
         });

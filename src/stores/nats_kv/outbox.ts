@@ -18,7 +18,11 @@
  */
 
 import type { KV, KvEntry } from "@nats-io/kv";
-import { OutboxStorageConflictError, OutboxValidationError } from "../../core/errors.ts";
+import {
+  errorMessage,
+  OutboxStorageConflictError,
+  OutboxValidationError,
+} from "../../core/errors.ts";
 import { assertOutboxIdentity } from "../../core/identity.ts";
 import { checkedBatchSize, checkedLimit } from "../../core/limits.ts";
 import { addMs, defaultLeaseMs } from "../../core/time.ts";
@@ -191,7 +195,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   /** Stores a record as `pending`; see {@linkcode OutboxRepository.enqueue}. */
   async enqueue(record: OutboxRecord): Promise<OutboxMessage> {
     const valid = validateOutboxRecord(record);
-    return await this.#store(valid, new Date());
+    return await this.#store(valid, this.#prepare(valid, new Date()));
   }
 
   /**
@@ -209,17 +213,21 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       else first.set(record.id, record);
     }
     const unique = [...first.values()];
+    const now = new Date();
+    // Sizes before anything is written: a record the server cannot take fails the whole batch.
+    const prepared = unique.map((record) => this.#prepare(record, now));
     if (unique.length > 1) {
       const existing = await Promise.all(unique.map((record) => this.#read(record.id)));
       existing.forEach((stored, i) => {
         if (stored?.ok) assertOutboxIdentity(stored.record, unique[i]);
       });
     }
-    const now = new Date();
     // Keys first (hashing is asynchronous), then every write issued in one go, in input order,
     // so the enqueue order (the marker revisions) follows the input.
     const keys = await Promise.all(unique.map((record) => outboxRecordKey(record.id)));
-    const stored = await Promise.all(unique.map((record, i) => this.#store(record, now, keys[i])));
+    const stored = await Promise.all(
+      unique.map((record, i) => this.#store(record, prepared[i], keys[i])),
+    );
     const byId = new Map(stored.map((message) => [message.id, message]));
     return valid.map((record) => structuredClone(byId.get(record.id)!));
   }
@@ -635,10 +643,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     return decoded.ok ? decoded : { ok: false };
   }
 
-  async #store(record: OutboxRecord, now: Date, knownKey?: string): Promise<OutboxMessage> {
-    // No await before the writes when the key is known: callers rely on the issue order.
-    const key = knownKey ?? await outboxRecordKey(record.id);
-    const markerKey = markerKeyOf(key);
+  /**
+   * The record as stored at enqueue, encoded. Throws `OutboxValidationError` (field `payload`)
+   * when it would not leave {@linkcode updateHeadroomBytes} below the server's max_payload: the
+   * claim and the marks rewrite the record with more fields, and a record that can be stored but
+   * never claimed would be stuck for good.
+   */
+  #prepare(record: OutboxRecord, now: Date): { stored: StoredOutboxRecord; bytes: Uint8Array } {
     const nowIso = now.toISOString();
     const stored: StoredOutboxRecord = {
       v: 1,
@@ -649,12 +660,32 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       createdAt: nowIso,
       updatedAt: nowIso,
     };
+    const bytes = encodeJson(stored);
+    const maxPayload = serverMaxPayload(this.#kv);
+    if (maxPayload !== undefined && bytes.length + updateHeadroomBytes > maxPayload) {
+      throw new OutboxValidationError(
+        "payload",
+        `Outbox record '${record.id}' is ${bytes.length} bytes as a NATS KV entry; it must stay ${updateHeadroomBytes} bytes below the server's max_payload (${maxPayload}) so claims and marks can rewrite it`,
+      );
+    }
+    return { stored, bytes };
+  }
+
+  async #store(
+    record: OutboxRecord,
+    prepared: { stored: StoredOutboxRecord; bytes: Uint8Array },
+    knownKey?: string,
+  ): Promise<OutboxMessage> {
+    // No await before the writes when the key is known: callers rely on the issue order.
+    const key = knownKey ?? await outboxRecordKey(record.id);
+    const markerKey = markerKeyOf(key);
+    const { stored, bytes } = prepared;
     // Record and marker are written together (one round trip). The marker's revision is the
     // message's enqueue order. A marker whose record write failed is an orphan that claims
     // delete after `orphanGraceMs`.
     const marker: Marker = { v: 1, id: record.id };
     const [created, indexed] = await Promise.allSettled([
-      this.#kv.create(key, encodeJson(stored)),
+      this.#kv.create(key, bytes),
       this.#kv.create(markerKey, encodeJson(marker)),
     ]);
     if (created.status === "fulfilled") {
@@ -665,7 +696,24 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       }
       return toMessage(stored);
     }
-    if (!isWrongLastSequence(created.reason)) throw created.reason;
+    if (!isWrongLastSequence(created.reason)) {
+      if (indexed.status === "fulfilled") {
+        // Nothing was stored: take the marker back instead of leaving an orphan for the grace.
+        await this.#kv.delete(markerKey, { previousSeq: indexed.value }).catch(() => {});
+      }
+      if (errorNamed(created.reason, "InvalidArgumentError")) {
+        // nats.js refused the write itself (above the server's max_payload, when the server's
+        // limit was not known to #prepare).
+        throw new OutboxValidationError(
+          "payload",
+          `Outbox record '${record.id}' cannot be stored in the NATS KV bucket: ${
+            errorMessage(created.reason)
+          }`,
+          { cause: created.reason },
+        );
+      }
+      throw created.reason;
+    }
     // The id exists: identical content returns the stored message, other content throws.
     const entry = await this.#kv.get(key);
     if (!entry || entry.operation !== "PUT") {
@@ -837,6 +885,50 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 }
 
+/**
+ * Room a record must leave below the server's max_payload at enqueue: what a claim adds (state,
+ * attempts, lease, seq) and a `lastError` of up to {@linkcode maxLastErrorBytes}.
+ */
+const updateHeadroomBytes = 2_048;
+/** Longest `lastError` a record keeps, in bytes of its JSON encoding (longer ones are cut). */
+const maxLastErrorBytes = 1_024;
+
+/** `error` cut to at most {@linkcode maxLastErrorBytes} once JSON-encoded. */
+function boundedError(error: string): string {
+  const text = String(error);
+  if (jsonBytes(text) <= maxLastErrorBytes) return text;
+  let low = 0;
+  let high = text.length;
+  while (low < high) {
+    const mid = (low + high + 1) >>> 1;
+    if (jsonBytes(text.slice(0, mid) + "…") <= maxLastErrorBytes) low = mid;
+    else high = mid - 1;
+  }
+  // Never end on half a surrogate pair.
+  const cut = text.slice(0, low).replace(/[\ud800-\udbff]$/, "");
+  return cut + "…";
+}
+
+function jsonBytes(text: string): number {
+  return new TextEncoder().encode(JSON.stringify(text)).length;
+}
+
+/** The max_payload of the server the bucket's connection is on, when the KV object tells. */
+function serverMaxPayload(kv: KV): number | undefined {
+  const max = (kv as { js?: { nc?: { info?: { max_payload?: unknown } } } }).js?.nc?.info
+    ?.max_payload;
+  return typeof max === "number" && max > 0 ? max : undefined;
+}
+
+function errorNamed(error: unknown, name: string): boolean {
+  for (let current = error, depth = 0; current && depth < 5; depth++) {
+    if (typeof current !== "object") return false;
+    if ((current as { name?: unknown }).name === name) return true;
+    current = (current as { cause?: unknown }).cause;
+  }
+  return false;
+}
+
 /** Most records a claim reads in one round when its index hints turn out stale. */
 const maxReadAhead = 512;
 
@@ -859,11 +951,11 @@ function applyMark(
       break;
     case "failed":
       next.nextAttemptAt = mark.nextAttemptAt.toISOString();
-      next.lastError = mark.error;
+      next.lastError = boundedError(mark.error);
       break;
     case "dead":
       delete next.nextAttemptAt;
-      next.lastError = mark.error;
+      next.lastError = boundedError(mark.error);
       break;
   }
   return next;

@@ -7,31 +7,31 @@
 
 import type { KV, KvEntry } from "@nats-io/kv";
 
-const historyDepth = new WeakMap<KV, Promise<number>>();
-
 /**
  * Calls `visit` with the latest entry of every key matching `filter` (deletes and purges
- * included; check `operation`). Streams the bucket through one consumer; when the bucket keeps
- * more than one revision per key, entries are buffered to keep only the latest.
+ * included; check `operation`), as of the scan's start: streams the bucket through one
+ * consumer up to the stream's last sequence when the scan began. (nats.js's `history()` alone
+ * ends only once it caught up with the stream, which never happens while other processes keep
+ * writing: a scan of a busy bucket ran for minutes.) When the bucket keeps more than one
+ * revision per key, entries are buffered to keep only the latest. A key rewritten during the
+ * scan may be missing from it (its old revision is gone, its new one is past the snapshot).
  */
 export async function scanLatest(
   kv: KV,
   filter: string,
   visit: (entry: KvEntry) => void | Promise<void>,
 ): Promise<void> {
-  let depth = historyDepth.get(kv);
-  if (!depth) {
-    depth = kv.status().then((status) => status.history);
-    depth.catch(() => historyDepth.delete(kv));
-    historyDepth.set(kv, depth);
-  }
-  const keepsHistory = (await depth) > 1;
+  const status = await kv.status();
+  const keepsHistory = status.history > 1;
+  const lastSeq = status.streamInfo.state.last_seq;
   const latest = new Map<string, KvEntry>();
   const iterator = await kv.history({ key: filter });
   try {
     for await (const entry of iterator) {
+      if (entry.revision > lastSeq) break; // written after the scan began
       if (keepsHistory) latest.set(entry.key, entry);
       else await visit(entry);
+      if (entry.revision === lastSeq) break;
     }
   } finally {
     iterator.stop();

@@ -5,7 +5,6 @@
  * @module
  */
 
-import type { TransactionRunner } from "../../core/types.ts";
 import type { SqlExecutor } from "./executors.ts";
 
 /**
@@ -28,7 +27,7 @@ export interface SqliteTransactionOptions {
 }
 
 /**
- * A {@linkcode TransactionRunner} for one SQLite connection (an executor from
+ * A `TransactionRunner` for one SQLite connection (an executor from
  * `nodeSqliteExecutor` or `betterSqlite3Executor`): runs each `work` between `BEGIN IMMEDIATE`
  * and `COMMIT` (`ROLLBACK` when it throws), one at a time, in call order, through the
  * executor's own `transaction`, so statements other code issues on the executor meanwhile (a
@@ -63,7 +62,7 @@ export interface SqliteTransactionOptions {
 export function sqliteTransactionRunner(
   executor: SqlExecutor,
   options: SqliteTransactionOptions = {},
-): TransactionRunner<SqlExecutor> {
+): <T>(work: (tx: SqlExecutor) => Promise<T>) => Promise<T> {
   const mode = options.mode ?? "IMMEDIATE";
   // Our SQLite executors queue their own transactions and keep other statements out of them.
   if (mode === "IMMEDIATE" && executor.transaction) {
