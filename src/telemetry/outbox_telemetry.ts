@@ -151,6 +151,8 @@ export class OutboxTelemetry {
   #timeInOutbox: Histogram;
   #inboxDuplicates: Counter;
   #inboxProcessed: Counter;
+  #outcomes: Readonly<Record<"ok" | "duplicate" | "error", Attributes>>;
+  #byKind = new Map<string, Attributes>();
   #backlog = new Map<string, OutboxStats>();
   #gaugesRegistered = false;
 
@@ -162,6 +164,13 @@ export class OutboxTelemetry {
       .getMeter(packageName, packageVersion);
     this.#mode = options.publishContext ?? "link";
     this.#system = options.messagingSystem ?? "nats";
+    const outcome = (value: string) =>
+      Object.freeze({ "messaging.system": this.#system, outcome: value });
+    this.#outcomes = {
+      ok: outcome("ok"),
+      duplicate: outcome("duplicate"),
+      error: outcome("error"),
+    };
     const m = this.#meter;
     this.#dispatched = m.createCounter("outbox.messages.dispatched", {
       description: "Messages delivered (including re-publishes the broker absorbed as duplicates)",
@@ -405,26 +414,33 @@ export class OutboxTelemetry {
     options: OutboxDeliveryOptions | undefined,
   ): Promise<void | OutboxPublishReceipt> {
     const started = performance.now();
-    let outcome = "ok";
+    const { span, context: active } = this.#startSpan(
+      `publish ${event.event}`,
+      event.headers,
+      {
+        "messaging.system": this.#system,
+        "messaging.operation.type": "send",
+        "messaging.destination.name": event.subject,
+        "messaging.message.id": event.header.id,
+      },
+    );
+    let outcome = this.#outcomes.ok;
     try {
-      const receipt = await this.#span(
-        `publish ${event.event}`,
-        event.headers,
-        event.event,
-        "publish",
-        () => runtime.publishPreparedEvent(event, options),
-        { "messaging.destination.name": event.subject, "messaging.message.id": event.header.id },
-      );
-      if (receipt?.duplicate) outcome = "duplicate";
+      const receipt = active
+        ? await context.with(active, () => runtime.publishPreparedEvent(event, options))
+        : await runtime.publishPreparedEvent(event, options);
+      if (receipt?.duplicate) {
+        outcome = this.#outcomes.duplicate;
+        span.setAttribute("outbox.duplicate", true);
+      }
       return receipt;
     } catch (error) {
-      outcome = "error";
+      outcome = this.#outcomes.error;
+      this.#spanFailed(span, error, event.event, "publish");
       throw error;
     } finally {
-      this.#publishDuration.record((performance.now() - started) / 1000, {
-        "messaging.system": this.#system,
-        outcome,
-      });
+      span.end();
+      this.#publishDuration.record((performance.now() - started) / 1000, outcome);
     }
   }
 
@@ -434,37 +450,57 @@ export class OutboxTelemetry {
     operation: string,
     phase: string,
     work: () => Promise<T>,
-    attributes: Attributes = {},
   ): Promise<T> {
-    const stored = extractTraceContext(headers, ROOT_CONTEXT) as Context;
-    const storedSpan = trace.getSpanContext(stored);
-    const parent: Context = this.#mode === "parent" ? stored : ROOT_CONTEXT;
-    const span: Span = this.#tracer.startSpan(name, {
-      kind: SpanKind.PRODUCER,
-      attributes: {
-        "messaging.system": this.#system,
-        "messaging.operation.type": "send",
-        ...attributes,
-      },
-      links: this.#mode === "link" && storedSpan ? [{ context: storedSpan }] : [],
-    }, parent);
+    const { span, context: active } = this.#startSpan(name, headers, {
+      "messaging.system": this.#system,
+      "messaging.operation.type": "send",
+    });
     try {
-      const result = await context.with(trace.setSpan(parent, span), work);
+      const result = active ? await context.with(active, work) : await work();
       if ((result as OutboxPublishReceipt | undefined)?.duplicate) {
         span.setAttribute("outbox.duplicate", true);
       }
       return result;
     } catch (error) {
-      fail(span, error);
-      this.recordError(error, { surface: "outbox", direction: "dispatcher", operation, phase });
+      this.#spanFailed(span, error, operation, phase);
       throw error;
     } finally {
       span.end();
     }
   }
 
+  /**
+   * Starts a producer span for a dispatch, linked to (or continuing) the context stored in the
+   * headers. `context` is the context to run the delivery in, or `undefined` when the span
+   * carries no valid context (no SDK: the no-op tracer's root span), so there is nothing to make
+   * active and the delivery runs as is.
+   */
+  #startSpan(
+    name: string,
+    headers: Record<string, string>,
+    attributes: Attributes,
+  ): { span: Span; context: Context | undefined } {
+    const stored = extractTraceContext(headers, ROOT_CONTEXT) as Context;
+    const storedSpan = trace.getSpanContext(stored);
+    const parent: Context = this.#mode === "parent" ? stored : ROOT_CONTEXT;
+    const span: Span = this.#tracer.startSpan(name, {
+      kind: SpanKind.PRODUCER,
+      attributes,
+      links: this.#mode === "link" && storedSpan ? [{ context: storedSpan }] : undefined,
+    }, parent);
+    const active = trace.isSpanContextValid(span.spanContext())
+      ? trace.setSpan(parent, span)
+      : undefined;
+    return { span, context: active };
+  }
+
+  #spanFailed(span: Span, error: unknown, operation: string, phase: string): void {
+    fail(span, error);
+    this.recordError(error, { surface: "outbox", direction: "dispatcher", operation, phase });
+  }
+
   #onDispatched(message: OutboxMessage, info: DispatchedInfo): void {
-    const attributes = { "messaging.system": this.#system, "outbox.kind": message.kind };
+    const attributes = this.#kindAttributes(message.kind);
     this.#dispatched.add(1, attributes);
     if (info.duplicate) this.#duplicateAcks.add(1, attributes);
     const created = Date.parse(message.createdAt);
@@ -493,6 +529,16 @@ export class OutboxTelemetry {
       operation: message.name,
       phase: "dispatch",
     });
+  }
+
+  /** The per-kind attributes of the outcome counters, built once per kind (a bounded set). */
+  #kindAttributes(kind: string): Attributes {
+    let attributes = this.#byKind.get(kind);
+    if (!attributes) {
+      attributes = Object.freeze({ "messaging.system": this.#system, "outbox.kind": kind });
+      this.#byKind.set(kind, attributes);
+    }
+    return attributes;
   }
 
   #registerGauges(): void {
