@@ -8,6 +8,7 @@
  */
 
 import Type from "typebox";
+import { Compile } from "typebox/compile";
 import Value from "typebox/value";
 import { OutboxCorruptRecordError, OutboxValidationError } from "../../core/errors.ts";
 import type { JsonValue, OutboxMessage, OutboxRecordKind, OutboxState } from "../../core/types.ts";
@@ -102,6 +103,22 @@ export interface InboxEntry {
   receivedAt: string;
 }
 
+/**
+ * Compiled checkers, built on first use: `Value.Check` interprets the schema on every call
+ * (~20 µs per record in the dispatch profile, on every claim), a compiled one is ~100x faster.
+ * `Compile` falls back to the interpreter where code generation is not allowed.
+ */
+const checkers = {
+  record: lazy(() => Compile(StoredOutboxRecordSchema)),
+  marker: lazy(() => Compile(MarkerSchema)),
+  inbox: lazy(() => Compile(InboxEntrySchema)),
+};
+
+function lazy<T>(build: () => T): () => T {
+  let built: T | undefined;
+  return () => built ??= build();
+}
+
 const encoder = new TextEncoder();
 const decoder = new TextDecoder("utf-8", { fatal: true });
 
@@ -130,7 +147,7 @@ export function decodeRecord(value: Uint8Array, expectedId?: string): RecordDeco
     ? (raw as { id: string }).id
     : undefined;
   const id = expectedId ?? rawId;
-  if (!Value.Check(StoredOutboxRecordSchema, raw)) {
+  if (!checkers.record().Check(raw)) {
     const first = [...Value.Errors(StoredOutboxRecordSchema, raw)][0] as
       | { instancePath?: string; message?: string }
       | undefined;
@@ -230,7 +247,7 @@ export function corruptMessage(
 export function decodeMarker(value: Uint8Array): Marker | undefined {
   try {
     const raw = JSON.parse(decoder.decode(value));
-    return Value.Check(MarkerSchema, raw) ? raw as Marker : undefined;
+    return checkers.marker().Check(raw) ? raw as Marker : undefined;
   } catch {
     return undefined;
   }
@@ -240,7 +257,7 @@ export function decodeMarker(value: Uint8Array): Marker | undefined {
 export function decodeInboxEntry(value: Uint8Array): InboxEntry | undefined {
   try {
     const raw = JSON.parse(decoder.decode(value));
-    return Value.Check(InboxEntrySchema, raw) ? raw as InboxEntry : undefined;
+    return checkers.inbox().Check(raw) ? raw as InboxEntry : undefined;
   } catch {
     return undefined;
   }
