@@ -37,9 +37,10 @@ import {
   SqlOutboxRepository,
   type SqlOutboxTables,
 } from "../mod.ts";
-import { natsUrl, uniqueName } from "../tests/kit/mod.ts";
+import { uniqueName } from "../tests/kit/mod.ts";
 import { createBenchDatabase } from "./support/postgres.ts";
 import { records } from "./support/records.ts";
+import { benchServers } from "./support/servers.ts";
 import { referenceSchema, referenceSeed } from "./support/reference.ts";
 import { mb } from "./support/rss.ts";
 import { openSqliteFile } from "./support/sqlite.ts";
@@ -60,12 +61,19 @@ const { values: args } = parseArgs({
     "latency-rate": { type: "string", default: "1000" },
     "rss-count": { type: "string", default: "100000" },
     "no-async-traces": { type: "boolean", default: false },
+    limit: { type: "string" },
+    "max-in-flight": { type: "string" },
   },
 });
 const count = Number(args.count);
 const window = Number(args.window);
 const rounds = Number(args.rounds);
 const noAsyncTraces = args["no-async-traces"];
+/** Dispatcher options for every dispatcher scenario (the library defaults when not given). */
+const dispatcherOptions = {
+  limit: args.limit === undefined ? undefined : Number(args.limit),
+  maxInFlight: args["max-in-flight"] === undefined ? undefined : Number(args["max-in-flight"]),
+};
 const only = args.only ? new Set(args.only.split(",")) : undefined;
 const wanted = (id: string) => only === undefined || only.has(id);
 
@@ -85,10 +93,15 @@ interface Prepared {
   finish(): Promise<void>;
 }
 
-const nats = await natsUrl();
+const servers = await benchServers();
+Deno.addSignalListener("SIGINT", () => {
+  // Private servers must not outlive an interrupted run.
+  void Promise.resolve(servers[Symbol.asyncDispose]()).finally(() => Deno.exit(130));
+});
+const nats = servers.natsUrl;
 const nc = await connect({ servers: nats });
 const jsm = await jetstreamManager(nc);
-const database = await createBenchDatabase("throughput");
+const database = await createBenchDatabase("throughput", servers.postgresUrl);
 const sql = postgres(database.url, { max: 2, onnotice: () => {} });
 
 async function stream(): Promise<
@@ -332,7 +345,7 @@ async function runChild(file: string, config: unknown): Promise<ScenarioResult> 
       "-A",
       ...childFlags,
       new URL(`./throughput/${file}`, import.meta.url).pathname,
-      JSON.stringify({ ...(config as object), noAsyncTraces }),
+      JSON.stringify({ ...dispatcherOptions, ...(config as object), noAsyncTraces }),
     ],
     stdout: "piped",
     stderr: "inherit",
@@ -390,6 +403,7 @@ async function machine(connection: NatsConnection): Promise<string[]> {
     `- Deno ${Deno.version.deno} (V8 ${Deno.version.v8}), Postgres ${row.server_version}, nats-server ${
       connection.info?.version ?? "?"
     }`,
+    `- servers: ${servers.description}`,
     `- load average (1/5/15 min) at start: ${loadAverage()}`,
   ];
 }
@@ -578,4 +592,5 @@ try {
   await sql.end();
   await nc.close();
   await database.drop();
+  await servers[Symbol.asyncDispose]();
 }

@@ -25,12 +25,15 @@ export interface BenchDatabase {
 }
 
 /**
- * Creates `outbox_bench_<unique>` on the kit's Postgres server. Databases of earlier runs that
+ * Creates `outbox_bench_<unique>` on `server` (default: the kit's Postgres server). Databases of earlier runs that
  * nobody is connected to any more (a run killed before its clean-up) are dropped first: a
  * `DROP DATABASE` without `FORCE` refuses a database in use, so a concurrent run is safe.
  */
-export async function createBenchDatabase(label: string): Promise<BenchDatabase> {
-  const serverUrl = await postgresUrl();
+export async function createBenchDatabase(
+  label: string,
+  server?: string,
+): Promise<BenchDatabase> {
+  const serverUrl = server ?? await postgresUrl();
   const name = uniqueName(`${benchDatabasePrefix}${label}`).slice(0, 63);
   const admin = postgres(serverUrl, { max: 1, onnotice: () => {} });
   try {
