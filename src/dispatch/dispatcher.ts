@@ -143,7 +143,8 @@ export interface OutboxDispatcherOptions extends OutboxDispatchHooks {
  * - `notify()` after a commit: calls coalesce, a drain starts within `debounceMs`, and a drain
  *   already running makes one more pass. Drains never run concurrently.
  * - Pipelining: while one batch is being delivered the next is claimed; both share the
- *   `maxInFlight` window.
+ *   `maxInFlight` window. A delivered batch records its outcomes while the next ones are claimed
+ *   and delivered (at most three batches claimed and not yet recorded).
  * - Circuit breaker: an `unavailable` failure stops claiming; the broker is probed with backoff
  *   (`runtime.probe()`), then one trial message is delivered, and dispatching resumes on its
  *   own. See the README for exactly how many attempts an outage can cost.
