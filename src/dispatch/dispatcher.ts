@@ -292,6 +292,13 @@ export class OutboxDispatcher implements AsyncDisposable {
     // After a store error the poll timer is armed for the end of the backoff.
     if (Date.now() < this.#blockedUntil) return;
     this.#clearPoll();
+    if (this.#debounceMs === 0) {
+      // No timer: a 0 ms timeout still waits for the next timers phase (about 2 ms measured on
+      // Deno), which is most of the commit-to-publish latency at a steady trickle. The drain
+      // itself starts a microtask later, so calls in the same synchronous burst coalesce.
+      this.#start();
+      return;
+    }
     this.#wakeTimer = setTimeout(() => {
       this.#wakeTimer = undefined;
       this.#start();
