@@ -11,10 +11,12 @@ import {
   type Context,
   context,
   type Counter,
+  createNoopMeter,
   type Histogram,
   type Meter,
   type MeterProvider,
   metrics,
+  ProxyTracerProvider,
   ROOT_CONTEXT,
   type Span,
   SpanKind,
@@ -43,6 +45,11 @@ import type {
 } from "../dispatch/dispatch_outbox.ts";
 import { packageName, packageVersion } from "../version.ts";
 import { extractTraceContext, injectTraceContext } from "./trace_context.ts";
+
+// What the API hands out when no SDK is installed: the no-op meter's instruments are shared
+// singletons, and a proxy tracer provider without a delegate reports the no-op provider.
+const noopHistogram = createNoopMeter().createHistogram("outbox.noop");
+const noopTracerProvider = new ProxyTracerProvider().getDelegate();
 
 /**
  * Options for {@linkcode OutboxTelemetry}.
@@ -151,6 +158,8 @@ export class OutboxTelemetry {
   #timeInOutbox: Histogram;
   #inboxDuplicates: Counter;
   #inboxProcessed: Counter;
+  #tracerProxy: ProxyTracerProvider | undefined;
+  #metricsOff: boolean;
   #outcomes: Readonly<Record<"ok" | "duplicate" | "error", Attributes>>;
   #byKind = new Map<string, Attributes>();
   #backlog = new Map<string, OutboxStats>();
@@ -158,8 +167,9 @@ export class OutboxTelemetry {
 
   /** Creates the instruments (no-ops without an SDK). */
   constructor(options: OutboxTelemetryOptions = {}) {
-    this.#tracer = ((options.tracerProvider ?? trace.getTracerProvider()) as TracerProvider)
-      .getTracer(packageName, packageVersion);
+    const tracerProvider = (options.tracerProvider ?? trace.getTracerProvider()) as TracerProvider;
+    this.#tracer = tracerProvider.getTracer(packageName, packageVersion);
+    this.#tracerProxy = tracerProvider instanceof ProxyTracerProvider ? tracerProvider : undefined;
     this.#meter = ((options.meterProvider ?? metrics.getMeterProvider()) as MeterProvider)
       .getMeter(packageName, packageVersion);
     this.#mode = options.publishContext ?? "link";
@@ -201,6 +211,8 @@ export class OutboxTelemetry {
     this.#inboxProcessed = m.createCounter("inbox.messages.processed", {
       description: "Messages the inbox consumer processed",
     });
+    // The API has no late binding for metrics: without an SDK at construction they stay no-ops.
+    this.#metricsOff = this.#publishDuration === noopHistogram;
     this.hooks = {
       onDispatched: (message, info) => this.#onDispatched(message, info),
       onFailed: (message, info) => this.#onFailed(message, info),
@@ -413,6 +425,10 @@ export class OutboxTelemetry {
     event: PreparedEvent,
     options: OutboxDeliveryOptions | undefined,
   ): Promise<void | OutboxPublishReceipt> {
+    // Nothing would be recorded (no SDK): add nothing to the publish.
+    if (this.#metricsOff && this.#tracingOff()) {
+      return await runtime.publishPreparedEvent(event, options);
+    }
     const started = performance.now();
     const { span, context: active } = this.#startSpan(
       `publish ${event.event}`,
@@ -494,12 +510,22 @@ export class OutboxTelemetry {
     return { span, context: active };
   }
 
+  /**
+   * Whether spans are no-ops: the global (proxy) tracer provider has no SDK behind it. Checked
+   * per call, as an SDK may be registered after this object was created.
+   */
+  #tracingOff(): boolean {
+    return this.#tracerProxy !== undefined &&
+      this.#tracerProxy.getDelegate() === noopTracerProvider;
+  }
+
   #spanFailed(span: Span, error: unknown, operation: string, phase: string): void {
     fail(span, error);
     this.recordError(error, { surface: "outbox", direction: "dispatcher", operation, phase });
   }
 
   #onDispatched(message: OutboxMessage, info: DispatchedInfo): void {
+    if (this.#metricsOff) return;
     const attributes = this.#kindAttributes(message.kind);
     this.#dispatched.add(1, attributes);
     if (info.duplicate) this.#duplicateAcks.add(1, attributes);
@@ -510,6 +536,7 @@ export class OutboxTelemetry {
   }
 
   #onFailed(message: OutboxMessage, info: FailedInfo): void {
+    if (this.#metricsOff) return;
     this.#failed.add(1, {
       "messaging.system": this.#system,
       "outbox.kind": message.kind,
@@ -518,6 +545,7 @@ export class OutboxTelemetry {
   }
 
   #onDead(message: OutboxMessage, info: DeadInfo): void {
+    if (this.#metricsOff) return;
     this.#dead.add(1, {
       "messaging.system": this.#system,
       "outbox.kind": message.kind,
