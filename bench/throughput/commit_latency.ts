@@ -67,8 +67,15 @@ if (import.meta.main) {
   const claimedAt = new Float64Array(total);
   const repository = new SqlOutboxRepository(postgresJsExecutor(relay), "postgres", config.tables);
   const claimDue = repository.claimDue.bind(repository);
+  let claims = 0;
+  let claimedTotal = 0;
+  let claimMs = 0;
   repository.claimDue = async (limit, now, options) => {
+    const began = performance.now();
     const claimed = await claimDue(limit, now, options);
+    claims += 1;
+    claimedTotal += claimed.length;
+    claimMs += performance.now() - began;
     const at = performance.now();
     for (const message of claimed) {
       const k = index.get(message.id);
@@ -163,6 +170,9 @@ if (import.meta.main) {
     commitToAck: summary(toAck),
     commitToMarked: summary(toMark),
     commitToClaimed: summary(toClaim),
+    claims,
+    meanClaimed: claimedTotal / claims,
+    meanClaimMs: claimMs / claims,
     claimedToAck: summary(claimToAck),
   });
 }
