@@ -141,6 +141,15 @@ Deno.test("faults: publishes outliving their lease on a frozen broker are not du
       a = new OutboxDispatcher(outbox, runtimeA, options(pausedA.resolve));
       const errorA = (await pausedA.promise).error;
       assert.equal(errorA.code, "timeout");
+      // A's breaker opens while its deliveries fail, before it has recorded their outcomes: wait
+      // for those, so B's first claim (which starts at once) finds every message due.
+      await eventually(() => {
+        for (const message of outbox.all()) {
+          assert.equal(message.state, "failed");
+          assert.equal(message.attempts, 1);
+        }
+        return Promise.resolve();
+      });
       b = new OutboxDispatcher(outbox, runtimeB, options(pausedB.resolve));
       await pausedB.promise;
       // Wait until B's claims settled too: every message has now been published twice into the

@@ -126,6 +126,49 @@ Deno.test("postgres: with 200k dispatched rows the claim reads only the claim in
 
 class Rollback extends Error {}
 
+Deno.test("postgres: a claim of 500 on a table of 20k pending rows probes rows by key, never scans the table", async () => {
+  // The planner must not turn the claim into a hash join over a sequential scan of the table
+  // (which it did for large batches on mid-sized tables when the claimed ids were joined).
+  const sql = postgres(await postgresUrl(), { max: 1, onnotice: () => {} });
+  const tables = uniqueTables();
+  const executor = postgresJsExecutor(sql);
+  try {
+    await migrate(executor, { dialect: "postgres", tables });
+    const o = tables.outbox;
+    await sql.unsafe(
+      `INSERT INTO ${o} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at)
+       SELECT 'p-' || g, 'event.publish', 'bench', 'bench.s', repeat('x', 200), '{}'::jsonb, 'pending', 0, now(), now()
+       FROM generate_series(1, 20000) AS g`,
+    );
+    await sql.unsafe(`VACUUM ANALYZE ${o}`);
+    const statements = outboxStatements("postgres", resolveSqlOutboxTables(tables), false);
+    const now = new Date(Date.now() + 1_000).toISOString();
+    const lease = new Date(Date.now() + 31_000).toISOString();
+    for (const limit of [25, 500, 1000]) {
+      let plan: PlanNode | undefined;
+      await sql.begin(async (tx) => {
+        const [row] = await tx.unsafe(
+          `EXPLAIN (ANALYZE, FORMAT JSON) ${statements.claim}`,
+          [now, lease, limit] as never[],
+        );
+        plan = (row["QUERY PLAN"] as Array<{ Plan: PlanNode }>)[0].Plan;
+        throw new Rollback();
+      }).catch((error) => {
+        if (!(error instanceof Rollback)) throw error;
+      });
+      const all = nodes(plan!);
+      assert.equal(plan!["Actual Rows"], limit);
+      assert.ok(
+        !all.some((node) => node["Node Type"] === "Seq Scan"),
+        `claim ${limit}: ${JSON.stringify(all.map((node) => node["Node Type"]))}`,
+      );
+    }
+  } finally {
+    await dropPostgresTables(executor, tables);
+    await sql.end();
+  }
+});
+
 Deno.test("sqlite: with 200k dispatched rows the claim reads only the covering claim index", async () => {
   const dir = await Deno.makeTempDir({ prefix: "outbox_plan_" });
   const db = openSqlite(`${dir}/app.db`);

@@ -306,3 +306,46 @@ Deno.test("a caller-provided traceparent is kept; a retried enqueue from another
   const chosen = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
   assert.equal(injectTraceContext({ traceparent: chosen }).traceparent, chosen);
 });
+
+Deno.test("without an SDK the publish path adds nothing; a tracer provider registered later is used from then on", async () => {
+  const published: string[] = [];
+  const receipt = { duplicate: false, stream: "S", seq: 1 };
+  const telemetry = new OutboxTelemetry(); // global providers: nothing registered yet
+  const runtime = telemetry.instrumentRuntime({
+    publishPreparedEvent: (event) => {
+      published.push(event.header.id);
+      // The no-SDK path hands the delivery over as is: no span is active around it.
+      assert.equal(trace.getActiveSpan(), undefined);
+      return Promise.resolve(receipt);
+    },
+  });
+  const event = {
+    event: "e",
+    subject: "a.b",
+    header: { id: "m-1", time: new Date().toISOString() },
+    payload: {},
+    encodedPayload: "{}",
+    headers: {},
+  };
+  assert.deepEqual(await runtime.publishPreparedEvent(event), receipt);
+  telemetry.hooks.onDispatched(
+    { ...event, id: "m-1", kind: "event.publish", name: "e", payload: "{}" } as never,
+    { duplicate: false },
+  );
+
+  const spans = new InMemorySpanExporter();
+  const provider = new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(spans)] });
+  assert.ok(trace.setGlobalTracerProvider(provider));
+  try {
+    assert.deepEqual(
+      await runtime.publishPreparedEvent({ ...event, header: { ...event.header, id: "m-2" } }),
+      receipt,
+    );
+    assert.deepEqual(published, ["m-1", "m-2"]);
+    await new Promise((resolve) => setTimeout(resolve, 1));
+    assert.deepEqual(spans.getFinishedSpans().map((span) => span.name), ["publish e"]);
+  } finally {
+    trace.disable();
+    await provider.shutdown();
+  }
+});

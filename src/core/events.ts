@@ -94,9 +94,14 @@ export function outboxMessageToPreparedEvent(message: OutboxMessage): PreparedEv
     throw new OutboxCorruptRecordError(message.id, "payload is not valid JSON", { cause: error });
   }
   const headers = message.headers;
-  const id = readHeader(headers, outboxHeaders.messageId) ?? message.id;
-  const time = readHeader(headers, outboxHeaders.eventTime) ?? message.createdAt;
-  const descriptorIdentity = readHeader(headers, outboxHeaders.eventDescriptor);
+  const id = readHeader(headers, outboxHeaders.messageId, lowerCase.messageId) ?? message.id;
+  const time = readHeader(headers, outboxHeaders.eventTime, lowerCase.eventTime) ??
+    message.createdAt;
+  const descriptorIdentity = readHeader(
+    headers,
+    outboxHeaders.eventDescriptor,
+    lowerCase.eventDescriptor,
+  );
   const event: PreparedEvent = {
     event: message.name,
     subject: message.subject,
@@ -109,6 +114,16 @@ export function outboxMessageToPreparedEvent(message: OutboxMessage): PreparedEv
   return Object.freeze(event);
 }
 
-function readHeader(headers: Record<string, string>, name: string): string | undefined {
-  return headers[name] ?? headers[name.toLowerCase()];
+const lowerCase = {
+  messageId: outboxHeaders.messageId.toLowerCase(),
+  eventTime: outboxHeaders.eventTime.toLowerCase(),
+  eventDescriptor: outboxHeaders.eventDescriptor.toLowerCase(),
+};
+
+function readHeader(
+  headers: Record<string, string>,
+  name: string,
+  lower: string,
+): string | undefined {
+  return headers[name] ?? headers[lower];
 }

@@ -348,14 +348,17 @@ type Settlement =
 
 /**
  * Delivers already-claimed messages and records the outcomes. `claimStartedAt` is
- * `performance.now()` just before the claim (the lease runs from there). Marks that fail (a
- * store blip) are retried with backoff until the lease ends; after that the error is thrown and
- * the messages are recovered by a later claim when their lease expires. Internal.
+ * `performance.now()` just before the claim (the lease runs from there). `onDelivered` is called
+ * once every delivery has ended, before the outcomes are recorded (the dispatcher claims its next
+ * batch from then on). Marks that fail (a store blip) are retried with backoff until the lease
+ * ends; after that the error is thrown and the messages are recovered by a later claim when their
+ * lease expires. Internal.
  */
 export async function settleClaimed(
   engine: BatchEngine,
   messages: readonly OutboxMessage[],
   claimStartedAt: number,
+  onDelivered?: () => void,
 ): Promise<DispatchOutboxResult> {
   const result: DispatchOutboxResult = {
     claimed: messages.length,
@@ -367,10 +370,17 @@ export async function settleClaimed(
     superseded: 0,
   };
   if (messages.length === 0) return result;
-  const deliverBy = claimStartedAt + engine.leaseMs - settleReserveMs(engine.leaseMs);
-  const settlements = await Promise.all(
-    messages.map((message) => deliver(engine, message, deliverBy)),
+  const deadline = new BatchDeadline(
+    engine,
+    claimStartedAt + engine.leaseMs - settleReserveMs(engine.leaseMs),
   );
+  let settlements: Settlement[];
+  try {
+    settlements = await Promise.all(messages.map((message) => deliver(engine, message, deadline)));
+  } finally {
+    deadline.clear();
+  }
+  onDelivered?.();
   const marks = messages.map((message, index) => toMark(message, settlements[index]));
   const applied = await applyMarksWithinLease(engine, marks, claimStartedAt + engine.leaseMs);
   for (let index = 0; index < messages.length; index++) {
@@ -407,7 +417,7 @@ export async function settleClaimed(
 async function deliver(
   engine: BatchEngine,
   message: OutboxMessage,
-  deliverBy: number,
+  deadline: BatchDeadline,
 ): Promise<Settlement> {
   // Decisions that need no broker come first, so a poison message is settled even while the
   // broker is down.
@@ -449,7 +459,7 @@ async function deliver(
         }),
       );
     }
-    const budget = Math.floor(deliverBy - performance.now());
+    const budget = Math.floor(deadline.at - performance.now());
     if (budget < 1) {
       return retryLater(
         engine,
@@ -462,7 +472,7 @@ async function deliver(
     }
     let value: void | OutboxPublishReceipt | JsonValue;
     try {
-      value = await withinBudget(engine, () => start(budget), budget);
+      value = await deadline.race(start, budget);
     } catch (error) {
       return failure(engine, message, error);
     }
@@ -482,44 +492,86 @@ async function deliver(
   }
 }
 
-/** Runs `start`, but stops waiting after `budgetMs` (the runtime was told the same budget). */
-function withinBudget<T>(
-  engine: BatchEngine,
-  start: () => Promise<T>,
-  budgetMs: number,
-): Promise<T> {
-  let promise: Promise<T>;
-  try {
-    promise = Promise.resolve(start());
-  } catch (error) {
-    return Promise.reject(error);
+/**
+ * The delivery deadline shared by a batch (all its deliveries must end by the same time, `at`,
+ * in `performance.now()` time): ONE timer per batch instead of one per delivery. At `at`, every
+ * delivery still running is abandoned and fails as `unavailable` (`timeout`); the runtime was
+ * told the same budget and gives up on its own (the abandoned promise is handed to
+ * `engine.abandoned`). `clear()` once every delivery has ended.
+ */
+class BatchDeadline {
+  readonly at: number;
+  readonly #engine: BatchEngine;
+  readonly #expiring = new Set<() => void>();
+  #timer: ReturnType<typeof setTimeout> | undefined;
+  #expired = false;
+
+  constructor(engine: BatchEngine, at: number) {
+    this.#engine = engine;
+    this.at = at;
   }
-  return new Promise<T>((resolve, reject) => {
-    let expired = false;
-    const timer = setTimeout(() => {
-      expired = true;
-      engine.abandoned(promise.then(() => {}, () => {}));
-      reject(
-        new OutboxPublishError(
-          "unavailable",
-          `no acknowledgement within ${budgetMs} ms (what was left of the claim's lease)`,
-          { code: "timeout" },
-        ),
+
+  /** Runs `start(budgetMs)`, but stops waiting for it at the deadline. */
+  race<T>(start: (budgetMs: number) => Promise<T>, budgetMs: number): Promise<T> {
+    let promise: Promise<T>;
+    try {
+      promise = Promise.resolve(start(budgetMs));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    if (this.#expired) {
+      this.#abandon(promise);
+      return Promise.reject(timeoutError(budgetMs));
+    }
+    this.#timer ??= setTimeout(() => this.#expire(), Math.max(0, this.at - performance.now()));
+    return new Promise<T>((resolve, reject) => {
+      let settled = false;
+      const expire = () => {
+        settled = true;
+        this.#abandon(promise);
+        reject(timeoutError(budgetMs));
+      };
+      this.#expiring.add(expire);
+      promise.then(
+        (value) => {
+          if (settled) return;
+          this.#expiring.delete(expire);
+          resolve(value);
+        },
+        (error) => {
+          if (settled) return;
+          this.#expiring.delete(expire);
+          reject(error);
+        },
       );
-    }, budgetMs);
-    promise.then(
-      (value) => {
-        if (expired) return;
-        clearTimeout(timer);
-        resolve(value);
-      },
-      (error) => {
-        if (expired) return;
-        clearTimeout(timer);
-        reject(error);
-      },
-    );
-  });
+    });
+  }
+
+  /** Cancels the timer (every delivery has ended). */
+  clear(): void {
+    if (this.#timer !== undefined) clearTimeout(this.#timer);
+    this.#timer = undefined;
+  }
+
+  #expire(): void {
+    this.#timer = undefined;
+    this.#expired = true;
+    const expiring = [...this.#expiring];
+    this.#expiring.clear();
+    for (const expire of expiring) expire();
+  }
+
+  #abandon(promise: Promise<unknown>): void {
+    this.#engine.abandoned(promise.then(() => {}, () => {}));
+  }
+}
+
+function timeoutError(budgetMs: number): OutboxPublishError {
+  return new OutboxPublishError(
+    "unavailable",
+    `no acknowledgement within ${budgetMs} ms (what was left of the claim's lease)`,
+    { code: "timeout" },
+  );
 }
 
 function failure(engine: BatchEngine, message: OutboxMessage, error: unknown): Settlement {

@@ -11,10 +11,12 @@ import {
   type Context,
   context,
   type Counter,
+  createNoopMeter,
   type Histogram,
   type Meter,
   type MeterProvider,
   metrics,
+  ProxyTracerProvider,
   ROOT_CONTEXT,
   type Span,
   SpanKind,
@@ -43,6 +45,11 @@ import type {
 } from "../dispatch/dispatch_outbox.ts";
 import { packageName, packageVersion } from "../version.ts";
 import { extractTraceContext, injectTraceContext } from "./trace_context.ts";
+
+// What the API hands out when no SDK is installed: the no-op meter's instruments are shared
+// singletons, and a proxy tracer provider without a delegate reports the no-op provider.
+const noopHistogram = createNoopMeter().createHistogram("outbox.noop");
+const noopTracerProvider = new ProxyTracerProvider().getDelegate();
 
 /**
  * Options for {@linkcode OutboxTelemetry}.
@@ -154,17 +161,29 @@ export class OutboxTelemetry {
   #timeInOutbox: Histogram;
   #inboxDuplicates: Counter;
   #inboxProcessed: Counter;
+  #tracerProxy: ProxyTracerProvider | undefined;
+  #metricsOff: boolean;
+  #outcomes: Readonly<Record<"ok" | "duplicate" | "error", Attributes>>;
+  #byKind = new Map<string, Attributes>();
   #backlog = new Map<string, OutboxStats>();
   #gaugesRegistered = false;
 
   /** Creates the instruments (no-ops without an SDK). */
   constructor(options: OutboxTelemetryOptions = {}) {
-    this.#tracer = ((options.tracerProvider ?? trace.getTracerProvider()) as TracerProvider)
-      .getTracer(packageName, packageVersion);
+    const tracerProvider = (options.tracerProvider ?? trace.getTracerProvider()) as TracerProvider;
+    this.#tracer = tracerProvider.getTracer(packageName, packageVersion);
+    this.#tracerProxy = tracerProvider instanceof ProxyTracerProvider ? tracerProvider : undefined;
     this.#meter = ((options.meterProvider ?? metrics.getMeterProvider()) as MeterProvider)
       .getMeter(packageName, packageVersion);
     this.#mode = options.publishContext ?? "link";
     this.#system = options.messagingSystem ?? "nats";
+    const outcome = (value: string) =>
+      Object.freeze({ "messaging.system": this.#system, outcome: value });
+    this.#outcomes = {
+      ok: outcome("ok"),
+      duplicate: outcome("duplicate"),
+      error: outcome("error"),
+    };
     const m = this.#meter;
     this.#dispatched = m.createCounter("outbox.messages.dispatched", {
       description: "Messages delivered (including re-publishes the broker absorbed as duplicates)",
@@ -195,6 +214,8 @@ export class OutboxTelemetry {
     this.#inboxProcessed = m.createCounter("inbox.messages.processed", {
       description: "Messages the inbox consumer processed",
     });
+    // The API has no late binding for metrics: without an SDK at construction they stay no-ops.
+    this.#metricsOff = this.#publishDuration === noopHistogram;
     this.hooks = {
       onDispatched: (message, info) => this.#onDispatched(message, info),
       onFailed: (message, info) => this.#onFailed(message, info),
@@ -419,27 +440,38 @@ export class OutboxTelemetry {
     event: PreparedEvent,
     options: OutboxDeliveryOptions | undefined,
   ): Promise<void | OutboxPublishReceipt> {
+    // Nothing would be recorded (no SDK): add nothing to the publish.
+    if (this.#metricsOff && this.#tracingOff()) {
+      return await runtime.publishPreparedEvent(event, options);
+    }
     const started = performance.now();
-    let outcome = "ok";
+    const { span, context: active } = this.#startSpan(
+      `publish ${event.event}`,
+      event.headers,
+      {
+        "messaging.system": this.#system,
+        "messaging.operation.type": "send",
+        "messaging.destination.name": event.subject,
+        "messaging.message.id": event.header.id,
+      },
+    );
+    let outcome = this.#outcomes.ok;
     try {
-      const receipt = await this.#span(
-        `publish ${event.event}`,
-        event.headers,
-        event.event,
-        "publish",
-        () => runtime.publishPreparedEvent(event, options),
-        { "messaging.destination.name": event.subject, "messaging.message.id": event.header.id },
-      );
-      if (receipt?.duplicate) outcome = "duplicate";
+      const receipt = active
+        ? await context.with(active, () => runtime.publishPreparedEvent(event, options))
+        : await runtime.publishPreparedEvent(event, options);
+      if (receipt?.duplicate) {
+        outcome = this.#outcomes.duplicate;
+        span.setAttribute("outbox.duplicate", true);
+      }
       return receipt;
     } catch (error) {
-      outcome = "error";
+      outcome = this.#outcomes.error;
+      this.#spanFailed(span, error, event.event, "publish");
       throw error;
     } finally {
-      this.#publishDuration.record((performance.now() - started) / 1000, {
-        "messaging.system": this.#system,
-        outcome,
-      });
+      span.end();
+      this.#publishDuration.record((performance.now() - started) / 1000, outcome);
     }
   }
 
@@ -449,37 +481,67 @@ export class OutboxTelemetry {
     operation: string,
     phase: string,
     work: () => Promise<T>,
-    attributes: Attributes = {},
   ): Promise<T> {
-    const stored = extractTraceContext(headers, ROOT_CONTEXT) as Context;
-    const storedSpan = trace.getSpanContext(stored);
-    const parent: Context = this.#mode === "parent" ? stored : ROOT_CONTEXT;
-    const span: Span = this.#tracer.startSpan(name, {
-      kind: SpanKind.PRODUCER,
-      attributes: {
-        "messaging.system": this.#system,
-        "messaging.operation.type": "send",
-        ...attributes,
-      },
-      links: this.#mode === "link" && storedSpan ? [{ context: storedSpan }] : [],
-    }, parent);
+    const { span, context: active } = this.#startSpan(name, headers, {
+      "messaging.system": this.#system,
+      "messaging.operation.type": "send",
+    });
     try {
-      const result = await context.with(trace.setSpan(parent, span), work);
+      const result = active ? await context.with(active, work) : await work();
       if ((result as OutboxPublishReceipt | undefined)?.duplicate) {
         span.setAttribute("outbox.duplicate", true);
       }
       return result;
     } catch (error) {
-      fail(span, error);
-      this.recordError(error, { surface: "outbox", direction: "dispatcher", operation, phase });
+      this.#spanFailed(span, error, operation, phase);
       throw error;
     } finally {
       span.end();
     }
   }
 
+  /**
+   * Starts a producer span for a dispatch, linked to (or continuing) the context stored in the
+   * headers. `context` is the context to run the delivery in, or `undefined` when the span
+   * carries no valid context (no SDK: the no-op tracer's root span), so there is nothing to make
+   * active and the delivery runs as is.
+   */
+  #startSpan(
+    name: string,
+    headers: Record<string, string>,
+    attributes: Attributes,
+  ): { span: Span; context: Context | undefined } {
+    const stored = extractTraceContext(headers, ROOT_CONTEXT) as Context;
+    const storedSpan = trace.getSpanContext(stored);
+    const parent: Context = this.#mode === "parent" ? stored : ROOT_CONTEXT;
+    const span: Span = this.#tracer.startSpan(name, {
+      kind: SpanKind.PRODUCER,
+      attributes,
+      links: this.#mode === "link" && storedSpan ? [{ context: storedSpan }] : undefined,
+    }, parent);
+    const active = trace.isSpanContextValid(span.spanContext())
+      ? trace.setSpan(parent, span)
+      : undefined;
+    return { span, context: active };
+  }
+
+  /**
+   * Whether spans are no-ops: the global (proxy) tracer provider has no SDK behind it. Checked
+   * per call, as an SDK may be registered after this object was created.
+   */
+  #tracingOff(): boolean {
+    return this.#tracerProxy !== undefined &&
+      this.#tracerProxy.getDelegate() === noopTracerProvider;
+  }
+
+  #spanFailed(span: Span, error: unknown, operation: string, phase: string): void {
+    fail(span, error);
+    this.recordError(error, { surface: "outbox", direction: "dispatcher", operation, phase });
+  }
+
   #onDispatched(message: OutboxMessage, info: DispatchedInfo): void {
-    const attributes = { "messaging.system": this.#system, "outbox.kind": message.kind };
+    if (this.#metricsOff) return;
+    const attributes = this.#kindAttributes(message.kind);
     this.#dispatched.add(1, attributes);
     if (info.duplicate) this.#duplicateAcks.add(1, attributes);
     const created = Date.parse(message.createdAt);
@@ -489,6 +551,7 @@ export class OutboxTelemetry {
   }
 
   #onFailed(message: OutboxMessage, info: FailedInfo): void {
+    if (this.#metricsOff) return;
     this.#failed.add(1, {
       "messaging.system": this.#system,
       "outbox.kind": message.kind,
@@ -497,6 +560,7 @@ export class OutboxTelemetry {
   }
 
   #onDead(message: OutboxMessage, info: DeadInfo): void {
+    if (this.#metricsOff) return;
     this.#dead.add(1, {
       "messaging.system": this.#system,
       "outbox.kind": message.kind,
@@ -508,6 +572,16 @@ export class OutboxTelemetry {
       operation: message.name,
       phase: "dispatch",
     });
+  }
+
+  /** The per-kind attributes of the outcome counters, built once per kind (a bounded set). */
+  #kindAttributes(kind: string): Attributes {
+    let attributes = this.#byKind.get(kind);
+    if (!attributes) {
+      attributes = Object.freeze({ "messaging.system": this.#system, "outbox.kind": kind });
+      this.#byKind.set(kind, attributes);
+    }
+    return attributes;
   }
 
   #registerGauges(): void {

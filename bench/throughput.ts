@@ -1,0 +1,629 @@
+/**
+ * Dispatch throughput side by side with the broker's own limit, commit-to-PubAck latency, and the
+ * dispatcher's memory while relaying 100,000 messages. Prints markdown tables to paste into
+ * bench/README.md (which explains every number).
+ *
+ * Usage: `deno task bench:throughput [options]` (= `deno run -A bench/throughput.ts`). NATS and
+ * Postgres come from OUTBOX_TEST_NATS_URL / OUTBOX_TEST_POSTGRES_URL, else private servers started
+ * through the test kit (Postgres with its default, durable settings; see ./support/servers.ts).
+ *
+ * Options (all optional): `--count=20000` messages per throughput scenario, `--window=256`
+ * PubAcks in flight for raw publishing, `--rounds=3` (every scenario runs once per round, rounds
+ * interleave, the table shows medians), `--only=a,b,pg,sqlite,kv,memory,otel-api,otel-sdk,
+ * latency,rss` (a subset), `--latency-seconds=20`, `--latency-rate=1000`, `--rss-count=100000`,
+ * `--no-async-traces` (nats.js connections with `noAsyncTraces: true`), `--limit` and
+ * `--max-in-flight` (dispatcher options). BENCH_CHILD_FLAGS passes `deno run` flags to every
+ * scenario process (for example `--cpu-prof --cpu-prof-dir=.tmp/prof`).
+ *
+ * Every scenario runs in its own subprocess (./throughput/*.ts), so its peak RSS (VmHWM) is its
+ * own; stores and streams are prepared here, before the subprocess starts its clock. After each
+ * scenario the stream must hold exactly `count` messages and the store must report `count`
+ * dispatched.
+ *
+ * @module
+ */
+
+import { parseArgs } from "node:util";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+import postgres from "postgres";
+import {
+  createOutboxBucket,
+  migrate,
+  NatsKvOutboxRepository,
+  nodeSqliteExecutor,
+  type OutboxRecord,
+  type OutboxRepository,
+  postgresJsExecutor,
+  SqlOutboxRepository,
+  type SqlOutboxTables,
+} from "../mod.ts";
+import { uniqueName } from "../tests/kit/mod.ts";
+import { createBenchDatabase } from "./support/postgres.ts";
+import { records } from "./support/records.ts";
+import { benchServers } from "./support/servers.ts";
+import { referenceSchema, referenceSeed } from "./support/reference.ts";
+import { mb } from "./support/rss.ts";
+import { openSqliteFile } from "./support/sqlite.ts";
+import { resultPrefix, type ScenarioResult } from "./throughput/child.ts";
+import type { CommitLatencyConfig } from "./throughput/commit_latency.ts";
+import type { OutboxDispatchConfig } from "./throughput/outbox_dispatch.ts";
+import type { RawPublishConfig } from "./throughput/raw_publish.ts";
+import type { ReferenceDispatchConfig } from "./throughput/reference_dispatch.ts";
+
+const { values: args } = parseArgs({
+  args: Deno.args,
+  options: {
+    count: { type: "string", default: "20000" },
+    window: { type: "string", default: "256" },
+    rounds: { type: "string", default: "3" },
+    only: { type: "string" },
+    "latency-seconds": { type: "string", default: "20" },
+    "latency-rate": { type: "string", default: "1000" },
+    "rss-count": { type: "string", default: "100000" },
+    "no-async-traces": { type: "boolean", default: false },
+    limit: { type: "string" },
+    "max-in-flight": { type: "string" },
+  },
+});
+const count = Number(args.count);
+const window = Number(args.window);
+const rounds = Number(args.rounds);
+const noAsyncTraces = args["no-async-traces"];
+/** Dispatcher options for every dispatcher scenario (the library defaults when not given). */
+const dispatcherOptions = {
+  limit: args.limit === undefined ? undefined : Number(args.limit),
+  maxInFlight: args["max-in-flight"] === undefined ? undefined : Number(args["max-in-flight"]),
+};
+const only = args.only ? new Set(args.only.split(",")) : undefined;
+const wanted = (id: string) => only === undefined || only.has(id);
+
+// --- scenarios -------------------------------------------------------------------------------
+
+interface Scenario {
+  id: string;
+  label: string;
+  /** Prepares the store and stream, returns the subprocess file and config, and a check. */
+  prepare(): Promise<Prepared>;
+}
+
+interface Prepared {
+  file: string;
+  config: unknown;
+  /** Verifies the outcome and removes what `prepare` created. */
+  finish(): Promise<void>;
+}
+
+const servers = await benchServers();
+Deno.addSignalListener("SIGINT", () => {
+  // Private servers must not outlive an interrupted run.
+  void Promise.resolve(servers[Symbol.asyncDispose]()).finally(() => Deno.exit(130));
+});
+// Everything else runs inside main(), so the private servers are stopped whatever happens
+// (an uncaught error does not dispatch "unload").
+try {
+  await main();
+} finally {
+  await servers[Symbol.asyncDispose]();
+}
+
+async function main(): Promise<void> {
+  const nats = servers.natsUrl;
+  const nc = await connect({ servers: nats });
+  const jsm = await jetstreamManager(nc);
+  const database = await createBenchDatabase("throughput", servers.postgresUrl);
+  const sql = postgres(database.url, { max: 2, onnotice: () => {} });
+
+  async function stream(): Promise<
+    { name: string; prefix: string; verify(n: number): Promise<void> }
+  > {
+    const name = uniqueName("bench_stream");
+    const prefix = uniqueName("bench");
+    await jsm.streams.add({ name, subjects: [`${prefix}.>`] });
+    return {
+      name,
+      prefix,
+      async verify(n) {
+        try {
+          const info = await jsm.streams.info(name);
+          if (info.state.messages !== n) {
+            throw new Error(`stream ${name} holds ${info.state.messages} messages, expected ${n}`);
+          }
+        } finally {
+          await jsm.streams.delete(name).catch(() => {});
+        }
+      },
+    };
+  }
+
+  async function enqueueAll(outbox: OutboxRepository, batch: OutboxRecord[]): Promise<void> {
+    for (let i = 0; i < batch.length; i += 1_000) {
+      await outbox.enqueueMany(batch.slice(i, i + 1_000));
+    }
+  }
+
+  function traceparents(batch: OutboxRecord[]): OutboxRecord[] {
+    // What an instrumented enqueue stores: a W3C trace context per record.
+    const hex = (bytes: number) =>
+      Array.from(
+        crypto.getRandomValues(new Uint8Array(bytes)),
+        (b) => b.toString(16).padStart(2, "0"),
+      )
+        .join("");
+    return batch.map((record) => ({
+      ...record,
+      headers: { ...record.headers, traceparent: `00-${hex(16)}-${hex(8)}-01` },
+    }));
+  }
+
+  async function postgresOutbox(
+    n: number,
+    traced = false,
+  ): Promise<
+    {
+      tables: SqlOutboxTables;
+      prefix: string;
+      tag: string;
+      finish(expected?: number): Promise<void>;
+    }
+  > {
+    const s = await stream();
+    const base = uniqueName("tp").slice(0, 40);
+    const tables = { outbox: `${base}_outbox`, inbox: `${base}_inbox` };
+    const executor = postgresJsExecutor(sql);
+    await migrate(executor, { dialect: "postgres", tables });
+    const tag = uniqueName("m");
+    const batch = records(tag, s.prefix, n);
+    const outbox = new SqlOutboxRepository(executor, "postgres", tables);
+    await enqueueAll(outbox, traced ? traceparents(batch) : batch);
+    await sql.unsafe(`VACUUM ANALYZE ${tables.outbox}`);
+    return {
+      tables,
+      prefix: s.prefix,
+      tag,
+      async finish(expected = n) {
+        const stats = await outbox.stats();
+        await sql.unsafe(
+          `DROP TABLE IF EXISTS ${tables.outbox}, ${tables.inbox}, ${tables.outbox}_migrations`,
+        );
+        if (stats.dispatched !== expected) {
+          await s.verify(expected).catch(() => {});
+          throw new Error(`${stats.dispatched} of ${expected} dispatched`);
+        }
+        await s.verify(expected);
+      },
+    };
+  }
+
+  function dispatcherScenario(
+    id: string,
+    label: string,
+    telemetry: OutboxDispatchConfig["telemetry"],
+  ): Scenario {
+    return {
+      id,
+      label,
+      async prepare() {
+        const prepared = await postgresOutbox(count, telemetry === "sdk");
+        const config: OutboxDispatchConfig = {
+          natsUrl: nats,
+          store: "postgres",
+          count,
+          telemetry,
+          postgresUrl: database.url,
+          tables: prepared.tables,
+        };
+        return { file: "outbox_dispatch.ts", config, finish: () => prepared.finish() };
+      },
+    };
+  }
+
+  const scenarios: Scenario[] = [
+    {
+      id: "a",
+      label: `(a) raw JetStream publish, ${window} PubAcks in flight`,
+      async prepare() {
+        const s = await stream();
+        const config: RawPublishConfig = {
+          natsUrl: nats,
+          prefix: s.prefix,
+          tag: uniqueName("raw"),
+          count,
+          window,
+        };
+        return { file: "raw_publish.ts", config, finish: () => s.verify(count) };
+      },
+    },
+    {
+      id: "b",
+      label: "(b) reference algorithm, Postgres (v1 schema, claim 25, publish + UPDATE each)",
+      async prepare() {
+        const s = await stream();
+        const table = uniqueName("ref").slice(0, 40);
+        for (const statement of referenceSchema(table, `${table}_in`)) await sql.unsafe(statement);
+        await referenceSeed(sql, table, records(uniqueName("r"), s.prefix, count));
+        await sql.unsafe(`VACUUM ANALYZE ${table}`);
+        const config: ReferenceDispatchConfig = {
+          natsUrl: nats,
+          postgresUrl: database.url,
+          table,
+          count,
+        };
+        return {
+          file: "reference_dispatch.ts",
+          config,
+          async finish() {
+            await sql.unsafe(`DROP TABLE IF EXISTS ${table}, ${table}_in`);
+            await s.verify(count);
+          },
+        };
+      },
+    },
+    dispatcherScenario("pg", "(c) OutboxDispatcher, Postgres (postgres.js)", "off"),
+    {
+      id: "sqlite",
+      label: "(c) OutboxDispatcher, SQLite (node:sqlite, WAL file)",
+      async prepare() {
+        const s = await stream();
+        const dir = await Deno.makeTempDir({ prefix: "outbox_bench_tp_" });
+        const path = `${dir}/outbox.db`;
+        const db = openSqliteFile(path);
+        const executor = nodeSqliteExecutor(db);
+        await migrate(executor, { dialect: "sqlite" });
+        await enqueueAll(
+          new SqlOutboxRepository(executor, "sqlite"),
+          records(uniqueName("m"), s.prefix, count),
+        );
+        db.exec("ANALYZE");
+        db.close();
+        const config: OutboxDispatchConfig = {
+          natsUrl: nats,
+          store: "sqlite",
+          count,
+          telemetry: "off",
+          sqlitePath: path,
+        };
+        return {
+          file: "outbox_dispatch.ts",
+          config,
+          async finish() {
+            const check = openSqliteFile(path);
+            const stats = await new SqlOutboxRepository(nodeSqliteExecutor(check), "sqlite")
+              .stats();
+            check.close();
+            await Deno.remove(dir, { recursive: true });
+            if (stats.dispatched !== count) {
+              throw new Error(`${stats.dispatched} of ${count} dispatched`);
+            }
+            await s.verify(count);
+          },
+        };
+      },
+    },
+    {
+      id: "kv",
+      label: "(c) OutboxDispatcher, NATS KV",
+      async prepare() {
+        const s = await stream();
+        const bucket = uniqueName("outbox_bench_tp");
+        const kv = await createOutboxBucket(new Kvm(nc), bucket);
+        const outbox = new NatsKvOutboxRepository(kv);
+        await enqueueAll(outbox, records(uniqueName("m"), s.prefix, count));
+        await outbox.close();
+        const config: OutboxDispatchConfig = {
+          natsUrl: nats,
+          store: "nats-kv",
+          count,
+          telemetry: "off",
+          bucket,
+        };
+        return {
+          file: "outbox_dispatch.ts",
+          config,
+          async finish() {
+            const check = new NatsKvOutboxRepository(kv);
+            const stats = await check.stats();
+            await check.close();
+            await kv.destroy();
+            if (stats.dispatched !== count) {
+              throw new Error(`${stats.dispatched} of ${count} dispatched`);
+            }
+            await s.verify(count);
+          },
+        };
+      },
+    },
+    {
+      id: "memory",
+      label: "(c') OutboxDispatcher, memory store (engine only; enqueued in-process)",
+      async prepare() {
+        const s = await stream();
+        const config: OutboxDispatchConfig = {
+          natsUrl: nats,
+          store: "memory",
+          count,
+          telemetry: "off",
+          prefix: s.prefix,
+          tag: uniqueName("m"),
+        };
+        return { file: "outbox_dispatch.ts", config, finish: () => s.verify(count) };
+      },
+    },
+    dispatcherScenario("otel-api", "(d) = (c) Postgres + OutboxTelemetry, no SDK", "api"),
+    dispatcherScenario(
+      "otel-sdk",
+      "(e) = (c) Postgres + OutboxTelemetry + OpenTelemetry SDK",
+      "sdk",
+    ),
+  ];
+
+  /** Extra `deno run` flags for the scenario processes, e.g. `--cpu-prof --cpu-prof-dir=.tmp/prof`. */
+  const childFlags = (Deno.env.get("BENCH_CHILD_FLAGS") ?? "").split(" ").filter(Boolean);
+
+  async function runChild(file: string, config: unknown): Promise<ScenarioResult> {
+    const output = await new Deno.Command(Deno.execPath(), {
+      args: [
+        "run",
+        "-A",
+        ...childFlags,
+        new URL(`./throughput/${file}`, import.meta.url).pathname,
+        JSON.stringify({ ...dispatcherOptions, ...(config as object), noAsyncTraces }),
+      ],
+      stdout: "piped",
+      stderr: "inherit",
+    }).output();
+    const text = new TextDecoder().decode(output.stdout);
+    const line = text.split("\n").find((l) => l.startsWith(resultPrefix));
+    if (!output.success || !line) {
+      throw new Error(`${file} failed (exit ${output.code}):\n${text}`);
+    }
+    for (const other of text.split("\n")) {
+      if (other && !other.startsWith(resultPrefix)) console.error(`  ${file}: ${other}`);
+    }
+    return JSON.parse(line.slice(resultPrefix.length)) as ScenarioResult;
+  }
+
+  async function run(scenario: Scenario): Promise<ScenarioResult> {
+    const prepared = await scenario.prepare();
+    let result: ScenarioResult;
+    try {
+      result = await runChild(prepared.file, prepared.config);
+    } catch (error) {
+      await prepared.finish().catch(() => {});
+      throw error;
+    }
+    await prepared.finish();
+    return result;
+  }
+
+  // --- machine ---------------------------------------------------------------------------------
+
+  function loadAverage(): string {
+    try {
+      return Deno.readTextFileSync("/proc/loadavg").split(" ").slice(0, 3).join(" ");
+    } catch {
+      return "n/a";
+    }
+  }
+
+  function cpuModel(): string {
+    try {
+      const match = Deno.readTextFileSync("/proc/cpuinfo").match(/^model name\s*:\s*(.+)$/m);
+      return match?.[1] ?? "n/a";
+    } catch {
+      return "n/a";
+    }
+  }
+
+  async function machine(connection: NatsConnection): Promise<string[]> {
+    const [row] = await sql.unsafe("SHOW server_version");
+    return [
+      `- date: ${new Date().toISOString()}`,
+      `- machine: ${navigator.hardwareConcurrency} CPUs (nproc), ${cpuModel()}, ${
+        (Deno.systemMemoryInfo().total / 2 ** 30).toFixed(1)
+      } GiB RAM`,
+      `- Deno ${Deno.version.deno} (V8 ${Deno.version.v8}), Postgres ${row.server_version}, nats-server ${
+        connection.info?.version ?? "?"
+      }`,
+      `- servers: ${servers.description}`,
+      `- load average (1/5/15 min) at start: ${loadAverage()}`,
+    ];
+  }
+
+  // --- main ------------------------------------------------------------------------------------
+
+  const rate = (r: ScenarioResult) => r.messages / r.seconds;
+  const median = (values: number[]) => {
+    const sorted = [...values].sort((a, b) => a - b);
+    const mid = sorted.length >> 1;
+    return sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+  };
+  const cpuPerMessage = (r: ScenarioResult) =>
+    r.cpuSeconds === undefined ? "-" : (r.cpuSeconds * 1e6 / r.messages).toFixed(1);
+  const fmt = (n: number) => Math.round(n).toLocaleString("en");
+  const ratio = (
+    n: number | undefined,
+  ) => (n === undefined || !Number.isFinite(n) ? "-" : `${n.toFixed(2)}x`);
+
+  const header = await machine(nc);
+  const began = performance.now();
+  const results = new Map<string, ScenarioResult[]>();
+  try {
+    // Latency first, on a fresh cluster: after the throughput scenarios, Postgres' background work
+    // (checkpoints, autovacuum of the dropped tables) made whichever mode ran first look slower.
+    const latencyLines: string[] = [];
+    if (wanted("latency")) {
+      const latencyRate = Number(args["latency-rate"]);
+      const seconds = Number(args["latency-seconds"]);
+      latencyLines.push(
+        "",
+        `Commit-to-PubAck latency on Postgres, ${
+          fmt(latencyRate)
+        } transactions/s offered (one message each) for ${seconds} s after a 2 s warm-up (ms):`,
+        "",
+        "| wake-up | offered msg/s | commit -> PubAck p50 | p90 | p99 | max | commit -> claimed p50 / p99 | claimed -> PubAck p50 / p99 | commit -> marked p50 / p99 |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+      );
+      for (const wake of ["notify", "listen"] as const) {
+        const prepared = await postgresOutbox(0);
+        // Flush what the throughput scenarios left in the WAL, so a checkpoint does not land in
+        // the middle of one mode and not the other.
+        await sql.unsafe("CHECKPOINT").catch(() => {});
+        const config: CommitLatencyConfig = {
+          natsUrl: nats,
+          postgresUrl: database.url,
+          tables: prepared.tables,
+          prefix: prepared.prefix,
+          tag: uniqueName("lat"),
+          rate: latencyRate,
+          seconds,
+          warmupSeconds: 2,
+          wake,
+        };
+        const result = await runChild("commit_latency.ts", config);
+        const total = Math.round(latencyRate * (seconds + 2));
+        await prepared.finish(total);
+        const quantiles = (name: string) => result[name] as Record<string, number>;
+        const ack = quantiles("commitToAck");
+        const pair = (name: string) =>
+          `${quantiles(name).p50.toFixed(1)} / ${quantiles(name).p99.toFixed(1)}`;
+        const label = wake === "notify"
+          ? "`notify()` after COMMIT"
+          : "LISTEN/NOTIFY (`notify: true`)";
+        console.error(
+          `latency (${wake}): p50 ${ack.p50.toFixed(1)} ms, p99 ${
+            ack.p99.toFixed(1)
+          } ms, ${total} messages, ${result.claims} claims of ${
+            Number(result.meanClaimed).toFixed(1)
+          } messages on average, ${Number(result.meanClaimMs).toFixed(2)} ms each`,
+        );
+        latencyLines.push(
+          `| ${label} | ${fmt(Number(result.offeredRate))} | ${ack.p50.toFixed(1)} | ${
+            ack.p90.toFixed(1)
+          } | ${ack.p99.toFixed(1)} | ${ack.max.toFixed(1)} | ${pair("commitToClaimed")} | ${
+            pair("claimedToAck")
+          } | ${pair("commitToMarked")} |`,
+        );
+      }
+    }
+
+    const selected = scenarios.filter((s) => wanted(s.id));
+    for (let round = 1; round <= rounds && selected.length > 0; round++) {
+      for (const scenario of selected) {
+        const result = await run(scenario);
+        console.error(
+          `round ${round}/${rounds}: ${scenario.label}: ${fmt(rate(result))} msg/s, ${
+            cpuPerMessage(result)
+          } µs CPU/msg, peak RSS ${mb(result.peakRss)} MB (load ${loadAverage()})`,
+        );
+        results.set(scenario.id, [...(results.get(scenario.id) ?? []), result]);
+      }
+    }
+
+    const lines: string[] = [...header];
+    if (results.size > 0) {
+      const medianRate = (id: string) => {
+        const list = results.get(id);
+        return list ? median(list.map(rate)) : undefined;
+      };
+      const a = medianRate("a");
+      const b = medianRate("b");
+      lines.push(
+        "",
+        `${count.toLocaleString("en")} messages of ${
+          records("x", "p", 1)[0].payload.length
+        } bytes, 16 subjects, Nats-Msg-Id on every message; median of ${rounds} round(s) (min - max):`,
+        "",
+        "| scenario | msg/s | ratio to (a) | ratio to (b) | peak RSS (MB) |",
+        "| --- | ---: | ---: | ---: | ---: |",
+      );
+      for (const scenario of scenarios) {
+        const list = results.get(scenario.id);
+        if (!list) continue;
+        const rates = list.map(rate);
+        const m = median(rates);
+        const range = list.length > 1
+          ? ` (${fmt(Math.min(...rates))} - ${fmt(Math.max(...rates))})`
+          : "";
+        const peak = Math.max(...list.map((r) => r.peakRss ?? 0));
+        lines.push(
+          `| ${scenario.label} | ${fmt(m)}${range} | ${ratio(a && m / a)} | ${
+            ratio(b && m / b)
+          } | ${mb(peak)} |`,
+        );
+      }
+      const pg = medianRate("pg");
+      const api = medianRate("otel-api");
+      const sdk = medianRate("otel-sdk");
+      if (pg && api) {
+        lines.push(
+          "",
+          `Telemetry without SDK: ${
+            ((api / pg - 1) * 100).toFixed(1)
+          }% throughput change vs (c) Postgres (medians).`,
+        );
+      }
+      if (pg && sdk) {
+        lines.push(
+          `Telemetry with the SDK: ${
+            ((sdk / pg - 1) * 100).toFixed(1)
+          }% throughput change vs (c) Postgres (medians).`,
+        );
+      }
+      const kv = results.get("kv");
+      if (kv) {
+        lines.push(
+          `NATS KV: building the claim index (watch on the markers of ${
+            count.toLocaleString("en")
+          } messages) took ${
+            fmt(median(kv.map((r) => Number(r.warmupMs))))
+          } ms before the clock started.`,
+        );
+      }
+    }
+
+    lines.push(...latencyLines);
+
+    if (wanted("rss")) {
+      const rssCount = Number(args["rss-count"]);
+      const prepared = await postgresOutbox(rssCount);
+      const config: OutboxDispatchConfig = {
+        natsUrl: nats,
+        store: "postgres",
+        count: rssCount,
+        telemetry: "off",
+        postgresUrl: database.url,
+        tables: prepared.tables,
+        sampleRss: true,
+      };
+      const result = await runChild("outbox_dispatch.ts", config);
+      await prepared.finish();
+      console.error(`rss: start ${mb(Number(result.startRss))} MB, peak ${mb(result.peakRss)} MB`);
+      lines.push(
+        "",
+        `Dispatcher memory while relaying ${
+          rssCount.toLocaleString("en")
+        } messages from Postgres (defaults: limit 100, maxInFlight 100):`,
+        "",
+        "| messages | msg/s | RSS before the dispatcher started (MB) | max RSS sampled every 50 ms (MB) | peak RSS, VmHWM (MB) |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+        `| ${fmt(rssCount)} | ${fmt(rate(result))} | ${mb(Number(result.startRss))} | ${
+          mb(Number(result.maxSampledRss))
+        } | ${mb(result.peakRss)} |`,
+      );
+    }
+
+    lines.push(
+      "",
+      `- load average at end: ${loadAverage()}; total time ${
+        ((performance.now() - began) / 1000).toFixed(0)
+      } s`,
+    );
+    console.log(lines.join("\n"));
+  } finally {
+    await sql.end();
+    await nc.close();
+    await database.drop();
+  }
+}

@@ -1,0 +1,150 @@
+/**
+ * Scenarios (c), (d), (e) and the 100k RSS run: our `OutboxDispatcher` draining `count` messages
+ * that the parent enqueued (Postgres, SQLite, NATS KV) or that this process enqueues before the
+ * clock starts (memory). The clock runs from constructing the dispatcher to `whenIdle()`.
+ *
+ * `telemetry`: `off` (plain), `api` (OutboxTelemetry wired in, no SDK: the API's no-ops), `sdk`
+ * (OutboxTelemetry with the SDK of ../support/otel_sdk.ts).
+ *
+ * @module
+ */
+
+import { jetstream } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
+import { connect } from "@nats-io/transport-node";
+import postgres from "postgres";
+import {
+  createJetStreamRuntime,
+  MemoryOutboxRepository,
+  NatsKvOutboxRepository,
+  nodeSqliteExecutor,
+  OutboxDispatcher,
+  type OutboxRepository,
+  type OutboxRuntime,
+  postgresJsExecutor,
+  SqlOutboxRepository,
+  type SqlOutboxTables,
+} from "../../mod.ts";
+import { OutboxTelemetry } from "../../telemetry.ts";
+import type { BenchOtelSdk } from "../support/otel_sdk.ts";
+import { records } from "../support/records.ts";
+import { currentRss } from "../support/rss.ts";
+import { openSqliteFile } from "../support/sqlite.ts";
+import { readConfig, report, timed } from "./child.ts";
+
+/** Configuration of a dispatcher scenario. */
+export interface OutboxDispatchConfig {
+  natsUrl: string;
+  /** nats.js `noAsyncTraces` connection option (no stack captured per request). */
+  noAsyncTraces?: boolean;
+  store: "postgres" | "sqlite" | "nats-kv" | "memory";
+  count: number;
+  telemetry: "off" | "api" | "sdk";
+  postgresUrl?: string;
+  tables?: SqlOutboxTables;
+  sqlitePath?: string;
+  bucket?: string;
+  /** memory: subject prefix and id tag of the messages to enqueue here. */
+  prefix?: string;
+  tag?: string;
+  limit?: number;
+  maxInFlight?: number;
+  /** Sample RSS every 50 ms while dispatching. */
+  sampleRss?: boolean;
+}
+
+if (import.meta.main) {
+  const config = readConfig<OutboxDispatchConfig>();
+  const nc = await connect({ servers: config.natsUrl, noAsyncTraces: config.noAsyncTraces });
+  let outbox: OutboxRepository;
+  let close: () => Promise<void>;
+  let warmupMs = 0;
+  switch (config.store) {
+    case "postgres": {
+      const sql = postgres(config.postgresUrl!, { max: 4, onnotice: () => {} });
+      outbox = new SqlOutboxRepository(postgresJsExecutor(sql), "postgres", config.tables);
+      close = () => sql.end();
+      break;
+    }
+    case "sqlite": {
+      const db = openSqliteFile(config.sqlitePath!);
+      outbox = new SqlOutboxRepository(nodeSqliteExecutor(db), "sqlite", config.tables);
+      close = () => Promise.resolve(db.close());
+      break;
+    }
+    case "nats-kv": {
+      const repository = new NatsKvOutboxRepository(await new Kvm(nc).open(config.bucket!));
+      // The claim index is built from a watch on the markers once per process: do it before
+      // the clock starts, as a long-running dispatcher would have long done.
+      const started = performance.now();
+      await (await repository.watch(() => {}))();
+      warmupMs = performance.now() - started;
+      outbox = repository;
+      close = () => repository.close();
+      break;
+    }
+    case "memory": {
+      const repository = new MemoryOutboxRepository();
+      await repository.enqueueMany(records(config.tag!, config.prefix!, config.count));
+      outbox = repository;
+      close = () => Promise.resolve();
+      break;
+    }
+  }
+
+  let runtime: OutboxRuntime = createJetStreamRuntime(jetstream(nc));
+  let sdk: BenchOtelSdk | undefined;
+  let hooks = {};
+  if (config.telemetry !== "off") {
+    // Loaded only here, so the other scenarios do not carry the SDK's modules in their RSS.
+    sdk = config.telemetry === "sdk"
+      ? (await import("../support/otel_sdk.ts")).startOtelSdk()
+      : undefined;
+    const telemetry = new OutboxTelemetry(
+      sdk ? { tracerProvider: sdk.tracerProvider, meterProvider: sdk.meterProvider } : {},
+    );
+    outbox = telemetry.instrumentOutbox(outbox);
+    runtime = telemetry.instrumentRuntime(runtime);
+    hooks = telemetry.hooks;
+  }
+
+  const startRss = currentRss();
+  let maxSampledRss = startRss ?? 0;
+  const sampler = config.sampleRss
+    ? setInterval(() => {
+      maxSampledRss = Math.max(maxSampledRss, currentRss() ?? 0);
+    }, 50)
+    : undefined;
+  let batches = 0;
+  let dispatched = 0;
+  const { seconds, cpuSeconds } = await timed(async () => {
+    const dispatcher = new OutboxDispatcher(outbox, runtime, {
+      ...hooks,
+      limit: config.limit,
+      maxInFlight: config.maxInFlight,
+      idleRetryMs: false,
+      onBatch: (result) => {
+        batches += 1;
+        dispatched += result.dispatched;
+      },
+      onError: (error) => console.error("dispatcher:", error),
+    });
+    await dispatcher.whenIdle();
+    await dispatcher.stop();
+  });
+  if (sampler !== undefined) clearInterval(sampler);
+  const exported = await sdk?.shutdown();
+  await close();
+  await nc.close();
+  if (dispatched !== config.count) throw new Error(`dispatched ${dispatched} of ${config.count}`);
+  report({
+    messages: dispatched,
+    seconds,
+    cpuSeconds,
+    batches,
+    warmupMs,
+    startRss,
+    maxSampledRss: config.sampleRss ? maxSampledRss : undefined,
+    spansExported: exported?.spans,
+  });
+}
