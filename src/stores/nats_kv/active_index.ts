@@ -14,7 +14,7 @@
 import type { KV, KvWatchEntry } from "@nats-io/kv";
 import { NatsKvIndexError } from "./errors.ts";
 import { decodeToken, markerPrefix, recordKeyOf, syncKey, tokenOf } from "./keys.ts";
-import { decodeMarker } from "./records.ts";
+import { type RecordCodec, recordCodec } from "./records.ts";
 
 /** One active message as the index knows it. */
 export interface ActiveEntry {
@@ -55,6 +55,8 @@ interface Waiter {
 
 /** See the module doc. */
 export class ActiveIndex {
+  /** The entry decoders, loaded before the watch starts (see records.ts). */
+  #codec: RecordCodec | undefined;
   readonly #kv: KV;
   readonly #syncTimeoutMs: number;
   #entries = new Map<string, ActiveEntry>();
@@ -182,6 +184,7 @@ export class ActiveIndex {
   }
 
   async #start(): Promise<boolean> {
+    this.#codec ??= await recordCodec();
     if (this.#iterator) await this.#stopWatch();
     const generation = ++this.#generation;
     this.#entries = new Map();
@@ -297,7 +300,7 @@ export class ActiveIndex {
   }
 
   #upsert(watched: KvWatchEntry): void {
-    const marker = decodeMarker(watched.value);
+    const marker = this.#codec!.decodeMarker(watched.value);
     const id = marker?.id ?? decodeToken(tokenOf(watched.key));
     const dueMs = marker?.due === undefined ? -Infinity : Date.parse(marker.due);
     const known = this.#entries.get(watched.key);

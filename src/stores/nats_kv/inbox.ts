@@ -17,7 +17,7 @@ import type {
 } from "../../core/types.ts";
 import { isWrongLastSequence } from "./errors.ts";
 import { inboxKey, inboxPrefix } from "./keys.ts";
-import { decodeInboxEntry, encodeJson, type InboxEntry } from "./records.ts";
+import { encodeJson, type InboxEntry, recordCodec } from "./records.ts";
 import { rawPurger, scanLatest } from "./scan.ts";
 
 /**
@@ -131,9 +131,10 @@ export class NatsKvInboxRepository implements InboxRepository, InboxAdmin {
     const batchSize = checkedBatchSize(options.batchSize);
     const cutoff = options.receivedBefore.toISOString();
     const victims: KvEntry[] = [];
+    const codec = await recordCodec();
     await scanLatest(this.#kv, `${inboxPrefix}.>`, (entry) => {
       if (entry.operation !== "PUT") return;
-      const receivedAt = decodeInboxEntry(entry.value)?.receivedAt ??
+      const receivedAt = codec.decodeInboxEntry(entry.value)?.receivedAt ??
         entry.created.toISOString();
       if (receivedAt < cutoff) victims.push(entry);
     });

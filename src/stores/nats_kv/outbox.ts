@@ -48,9 +48,9 @@ import { isWrongLastSequence } from "./errors.ts";
 import { decodeToken, markerKeyOf, outboxRecordKey, recordPrefix, tokenOf } from "./keys.ts";
 import {
   corruptMessage,
-  decodeRecord,
   encodeJson,
   type Marker,
+  recordCodec,
   type StoredOutboxRecord,
   toMessage,
 } from "./records.ts";
@@ -237,10 +237,11 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * best-effort `dead` message whose `lastError` says why it is corrupt.
    */
   async get(id: string): Promise<OutboxMessage | undefined> {
+    const codec = await recordCodec();
     const key = await outboxRecordKey(id);
     const entry = await this.#kv.get(key);
     if (!entry || entry.operation !== "PUT") return undefined;
-    const decoded = decodeRecord(entry.value, id);
+    const decoded = codec.decodeRecord(entry.value, id);
     return decoded.ok
       ? toMessage(decoded.record)
       : corruptMessage(decoded.raw, id, entry.created.toISOString(), decoded.error);
@@ -378,6 +379,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * does not replay them; on other KV objects a purge tombstone stays.
    */
   async prune(options: OutboxPruneOptions): Promise<OutboxPruneResult> {
+    const codec = await recordCodec();
     const batchSize = checkedBatchSize(options.batchSize);
     const result: OutboxPruneResult = { dispatched: 0, dead: 0 };
     const dispatchedBefore = options.dispatchedBefore?.toISOString();
@@ -386,7 +388,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const victims = { dispatched: [] as KvEntry[], dead: [] as KvEntry[] };
     await scanLatest(this.#kv, `${recordPrefix}.>`, (entry) => {
       if (entry.operation !== "PUT") return;
-      const decoded = decodeRecord(entry.value, decodeToken(tokenOf(entry.key)));
+      const decoded = codec.decodeRecord(entry.value, decodeToken(tokenOf(entry.key)));
       if (!decoded.ok) {
         if (deadBefore !== undefined && entry.created.toISOString() < deadBefore) {
           victims.dead.push(entry);
@@ -423,6 +425,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * the bucket). Entries that cannot be decoded count as `dead`.
    */
   async stats(now: Date = new Date()): Promise<OutboxStats> {
+    const codec = await recordCodec();
     const nowMs = now.getTime();
     const stats: OutboxStats = {
       pending: 0,
@@ -434,7 +437,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     };
     await scanLatest(this.#kv, `${recordPrefix}.>`, (entry) => {
       if (entry.operation !== "PUT") return;
-      const decoded = decodeRecord(entry.value, decodeToken(tokenOf(entry.key)));
+      const decoded = codec.decodeRecord(entry.value, decodeToken(tokenOf(entry.key)));
       if (!decoded.ok) {
         stats.dead += 1;
         return;
@@ -459,13 +462,14 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * listed as best-effort `dead` messages (never a throw). Scans the records.
    */
   async listDead(options: OutboxListDeadOptions = {}): Promise<OutboxMessage[]> {
+    const codec = await recordCodec();
     const limit = checkedLimit(options.limit ?? 100);
     if (limit === 0) return [];
     const dead: Claimed[] = [];
     await scanLatest(this.#kv, `${recordPrefix}.>`, (entry) => {
       if (entry.operation !== "PUT") return;
       const keyId = decodeToken(tokenOf(entry.key));
-      const decoded = decodeRecord(entry.value, keyId);
+      const decoded = codec.decodeRecord(entry.value, keyId);
       if (decoded.ok) {
         if (decoded.record.state === "dead") {
           dead.push({
@@ -492,12 +496,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * if it lost it (so after a crash in the middle of a requeue, requeue the same ids again).
    */
   async requeue(ids: readonly string[], now: Date = new Date()): Promise<number> {
+    const codec = await recordCodec();
     const nowIso = now.toISOString();
     const changed = await Promise.all([...new Set(ids)].map(async (id) => {
       const key = await outboxRecordKey(id);
       const entry = await this.#kv.get(key);
       if (!entry || entry.operation !== "PUT") return 0;
-      const decoded = decodeRecord(entry.value, id);
+      const decoded = codec.decodeRecord(entry.value, id);
       if (!decoded.ok || decoded.record.state === "dispatched") return 0;
       if (decoded.record.state !== "dead") {
         // Already active (perhaps an earlier requeue crashed before writing the marker):
@@ -586,6 +591,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * ```
    */
   async repair(): Promise<NatsKvRepairResult> {
+    const codec = await recordCodec();
     await this.#index.sync();
     const result: NatsKvRepairResult = { records: 0, markersCreated: 0, markersRemoved: 0 };
     const active = new Set<string>();
@@ -593,7 +599,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     await scanLatest(this.#kv, `${recordPrefix}.>`, (entry) => {
       if (entry.operation !== "PUT") return;
       result.records += 1;
-      const decoded = decodeRecord(entry.value, decodeToken(tokenOf(entry.key)));
+      const decoded = codec.decodeRecord(entry.value, decodeToken(tokenOf(entry.key)));
       if (!decoded.ok) return;
       const { state } = decoded.record;
       if (state === "dispatched" || state === "dead") return;
@@ -637,9 +643,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   async #read(
     id: string,
   ): Promise<{ ok: true; record: StoredOutboxRecord } | { ok: false } | undefined> {
+    const codec = await recordCodec();
     const entry = await this.#kv.get(await outboxRecordKey(id));
     if (!entry || entry.operation !== "PUT") return undefined;
-    const decoded = decodeRecord(entry.value, id);
+    const decoded = codec.decodeRecord(entry.value, id);
     return decoded.ok ? decoded : { ok: false };
   }
 
@@ -676,6 +683,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     prepared: { stored: StoredOutboxRecord; bytes: Uint8Array },
     knownKey?: string,
   ): Promise<OutboxMessage> {
+    const codec = await recordCodec();
     // No await before the writes when the key is known: callers rely on the issue order.
     const key = knownKey ?? await outboxRecordKey(record.id);
     const markerKey = markerKeyOf(key);
@@ -719,7 +727,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     if (!entry || entry.operation !== "PUT") {
       throw new OutboxStorageConflictError(record.id, { cause: created.reason });
     }
-    const decoded = decodeRecord(entry.value, record.id);
+    const decoded = codec.decodeRecord(entry.value, record.id);
     if (!decoded.ok) throw new OutboxStorageConflictError(record.id, { cause: decoded.error });
     const existing = decoded.record;
     const terminal = existing.state === "dispatched" || existing.state === "dead";
@@ -767,13 +775,14 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   async #inspect(
     entry: ActiveEntry,
   ): Promise<{ record: StoredOutboxRecord; revision: number } | "dropped" | "waiting"> {
+    const codec = await recordCodec();
     const got = await this.#kv.get(entry.recordKey);
     if (!got || got.operation !== "PUT") {
       if (Date.now() - entry.markerWrittenMs < this.#orphanGraceMs) return "waiting";
       await this.#dropMarker(entry);
       return "dropped";
     }
-    const decoded = decodeRecord(got.value, entry.id);
+    const decoded = codec.decodeRecord(got.value, entry.id);
     if (!decoded.ok || decoded.record.state === "dispatched" || decoded.record.state === "dead") {
       // A corrupt record loses its marker: it is dead from now on (get/listDead/stats say so).
       await this.#dropMarker(entry);
@@ -790,6 +799,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   async #settle(mark: OutboxMark, now: Date): Promise<boolean> {
+    const codec = await recordCodec();
     const { claim } = mark;
     if (!(now instanceof Date) || !Number.isFinite(now.getTime())) {
       throw new OutboxValidationError("now", "now must be a valid Date");
@@ -807,7 +817,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       if (!current) {
         const got = await this.#kv.get(key);
         if (!got || got.operation !== "PUT") return false;
-        const decoded = decodeRecord(got.value, claim.id);
+        const decoded = codec.decodeRecord(got.value, claim.id);
         if (!decoded.ok || !fenceHolds(decoded.record, claim)) return false;
         current = { record: decoded.record, revision: got.revision };
       }
