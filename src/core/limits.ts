@@ -17,6 +17,22 @@ import { OutboxValidationError } from "./errors.ts";
  */
 export const defaultPruneBatchSize = 1000;
 
+/** Returns `value` if it is a finite number >= 0 (a duration, say), else throws. */
+export function nonNegative(field: string, value: number): number {
+  if (!Number.isFinite(value) || value < 0) {
+    throw new OutboxValidationError(field, `${field} must be a finite number >= 0, got ${value}`);
+  }
+  return value;
+}
+
+/** Returns `value` if it is an integer >= 1, else throws `OutboxValidationError`. */
+export function positiveInteger(field: string, value: number): number {
+  if (!Number.isSafeInteger(value) || value < 1) {
+    throw new OutboxValidationError(field, `${field} must be an integer >= 1, got ${value}`);
+  }
+  return value;
+}
+
 /** Returns `limit` if it is an integer >= 0, else throws `OutboxValidationError`. */
 export function checkedLimit(limit: number, field = "limit"): number {
   if (!Number.isSafeInteger(limit) || limit < 0) {

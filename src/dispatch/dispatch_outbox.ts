@@ -12,6 +12,7 @@ import {
   OutboxValidationError,
 } from "../core/errors.ts";
 import { outboxMessageToPreparedEvent } from "../core/events.ts";
+import { positiveInteger } from "../core/limits.ts";
 import { applyMarks } from "../core/marks.ts";
 import {
   backoffDelayMs,
@@ -305,14 +306,6 @@ export function resolveBatchSettings(options: {
     leaseMs,
     maxInFlight: positiveInteger("maxInFlight", options.maxInFlight ?? defaultMaxInFlight),
   };
-}
-
-/** Returns `value` if it is an integer >= 1. Internal. */
-export function positiveInteger(field: string, value: number): number {
-  if (!Number.isSafeInteger(value) || value < 1) {
-    throw new OutboxValidationError(field, `${field} must be an integer >= 1, got ${value}`);
-  }
-  return value;
 }
 
 /**

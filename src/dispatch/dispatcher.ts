@@ -6,8 +6,8 @@
  * @module
  */
 
-import { OutboxValidationError } from "../core/errors.ts";
 import type { OutboxPublishError } from "../core/errors.ts";
+import { nonNegative, positiveInteger } from "../core/limits.ts";
 import type { RetryPolicy } from "../core/retry.ts";
 import type { OutboxMessage, OutboxRepository, OutboxRuntime } from "../core/types.ts";
 import { CircuitBreaker, type CircuitState } from "./circuit_breaker.ts";
@@ -16,7 +16,6 @@ import {
   defaultDispatchLimit,
   type DispatchOutboxResult,
   type OutboxDispatchHooks,
-  positiveInteger,
   resolveBatchSettings,
   settleClaimed,
 } from "./dispatch_outbox.ts";
@@ -603,10 +602,3 @@ export class OutboxDispatcher implements AsyncDisposable {
  * recording its outcomes (at most two are ever delivering: the window is shared).
  */
 const maxUnsettled = 3;
-
-function nonNegative(field: string, value: number): number {
-  if (!Number.isFinite(value) || value < 0) {
-    throw new OutboxValidationError(field, `${field} must be a finite number >= 0, got ${value}`);
-  }
-  return value;
-}

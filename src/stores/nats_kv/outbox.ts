@@ -24,7 +24,7 @@ import {
   OutboxValidationError,
 } from "../../core/errors.ts";
 import { assertOutboxIdentity } from "../../core/identity.ts";
-import { checkedBatchSize, checkedLimit } from "../../core/limits.ts";
+import { checkedBatchSize, checkedLimit, nonNegative } from "../../core/limits.ts";
 import { addMs, defaultLeaseMs } from "../../core/time.ts";
 import type {
   JsonValue,
@@ -969,11 +969,4 @@ function applyMark(
       break;
   }
   return next;
-}
-
-function nonNegative(field: string, value: number): number {
-  if (!Number.isFinite(value) || value < 0) {
-    throw new OutboxValidationError(field, `${field} must be a number >= 0, got ${value}`);
-  }
-  return value;
 }
