@@ -5,7 +5,12 @@
 
 import assert from "node:assert/strict";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { createJetStreamRuntime, type DispatchOutboxResult, OutboxDispatcher } from "../mod.ts";
+import {
+  createJetStreamRuntime,
+  type DispatchOutboxResult,
+  OutboxDispatcher,
+  OutboxPublishError,
+} from "../mod.ts";
 import { connectNats, createTestStream, sleep, uniqueName } from "./kit/mod.ts";
 import {
   countingRuntime,
@@ -317,5 +322,74 @@ Deno.test("dispatcher: whenIdle() resolves once nothing is due; permanent failur
     assert.equal((await streamIds(nc, stream.name)).length, 27);
   } finally {
     await nc.close();
+  }
+});
+
+Deno.test("dispatcher: with polling off, every scheduled retry wakes it, not only the earliest", async () => {
+  const outbox = new InstrumentedOutbox();
+  const [a, b] = events(uniqueName("retries"), 2);
+  await outbox.enqueueMany([a, b]);
+  const attempts = new Map<string, number>();
+  const runtime = {
+    publishPreparedEvent(event: { header: { id: string } }) {
+      const n = (attempts.get(event.header.id) ?? 0) + 1;
+      attempts.set(event.header.id, n);
+      return n === 1
+        ? Promise.reject(new OutboxPublishError("retryable", "not yet", { code: "no_stream" }))
+        : Promise.resolve();
+    },
+  };
+  // a retries after ~20 ms, b after ~300 ms: two different retry times.
+  const delays = [0.04, 0.6];
+  const counter = dispatchedCounter(2);
+  const dispatcher = new OutboxDispatcher(outbox, runtime, {
+    idleRetryMs: false,
+    retry: { baseMs: 500, capMs: 500, random: () => delays.shift() ?? 0 },
+    onDispatched: counter.onDispatched,
+  });
+  try {
+    await counter.done; // without a wake-up for b's retry this never resolves
+    assert.deepEqual(counter.ids.sort(), [a.id, b.id].sort());
+  } finally {
+    await dispatcher.stop();
+  }
+});
+
+Deno.test("dispatcher: after stop() it claims nothing more, even while batches are being recorded", async () => {
+  const outbox = new InstrumentedOutbox();
+  await outbox.enqueueMany(events(uniqueName("stopping"), 200));
+  const markMany = outbox.markMany.bind(outbox);
+  // Recording is slower than publishing, so batches pile up waiting to be recorded.
+  outbox.markMany = async (marks, now) => {
+    await sleep(100);
+    return await markMany(marks, now);
+  };
+  let claimsAtStop: number | undefined;
+  let stopping: Promise<void> | undefined;
+  const late: { dispatcher?: OutboxDispatcher } = {};
+  const dispatcher = late.dispatcher = new OutboxDispatcher(
+    outbox,
+    { publishPreparedEvent: () => Promise.resolve() },
+    {
+      limit: 10,
+      idleRetryMs: false,
+      onDispatched: () => {
+        if (stopping) return;
+        claimsAtStop = outbox.claimCalls;
+        stopping = late.dispatcher!.stop();
+      },
+    },
+  );
+  await sleep(0);
+  await eventuallyStopped();
+  await dispatcher.stop();
+  assert.equal(outbox.claimCalls, claimsAtStop, "no claim after stop()");
+  const claimedOrSettled = outbox.all().filter((m) => m.state !== "pending").length;
+  assert.equal(claimedOrSettled, 10 * claimsAtStop!, "only what was claimed before stop()");
+  assert.ok(outbox.all().every((m) => m.state !== "claimed"), "everything claimed was settled");
+
+  async function eventuallyStopped(): Promise<void> {
+    while (!stopping) await sleep(5);
+    await stopping;
   }
 });

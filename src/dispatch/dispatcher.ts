@@ -193,7 +193,11 @@ export class OutboxDispatcher implements AsyncDisposable {
   #pause: { timer: ReturnType<typeof setTimeout>; resolve: (ok: boolean) => void } | undefined;
   #claims = 0;
   #idleWaiters: Array<{ after: number; resolve: () => void }> = [];
-  #retryAt: number | undefined;
+  /**
+   * When the retries this dispatcher scheduled are due (clock time, rounded up to
+   * `retryResolutionMs`), so each one wakes it even with idle polling off.
+   */
+  #retryTimes = new RetryTimes();
   #storeErrors = 0;
   #blockedUntil = 0;
   #abandoned = new Set<Promise<unknown>>();
@@ -407,9 +411,14 @@ export class OutboxDispatcher implements AsyncDisposable {
           if (!(await this.#awaitBroker())) return;
           continue;
         }
+        if (recording.length >= maxUnsettled) {
+          // Wait for room, then look again: stop() may have been called, or the breaker may
+          // have opened, while the oldest batch was being recorded.
+          while (recording.length >= maxUnsettled) await recording.shift();
+          continue;
+        }
         const trial = this.#breaker.state === "half-open";
         const limit = trial ? 1 : this.#limit;
-        while (recording.length >= maxUnsettled) await recording.shift();
         this.#dirty = false;
         const seq = ++this.#claims;
         const startedAt = performance.now();
@@ -531,8 +540,7 @@ export class OutboxDispatcher implements AsyncDisposable {
   }
 
   #noteRetry(at: Date): void {
-    const time = at.getTime();
-    if (this.#retryAt === undefined || time < this.#retryAt) this.#retryAt = time;
+    this.#retryTimes.add(at.getTime());
   }
 
   #reachedIdle(seq: number): void {
@@ -553,18 +561,20 @@ export class OutboxDispatcher implements AsyncDisposable {
       this.notify();
       return;
     }
-    let delay = this.#idleRetryMs === false ? Infinity : this.#idleRetryMs;
-    if (this.#retryAt !== undefined) {
-      delay = Math.min(delay, this.#retryAt - this.#clock().getTime());
+    let delay: number;
+    if (this.#dirty) {
+      // A store error: wait for the end of its backoff, whatever polling or retries would say.
+      delay = this.#blockedUntil - now;
+    } else {
+      delay = this.#idleRetryMs === false ? Infinity : this.#idleRetryMs;
+      const nextRetry = this.#retryTimes.next();
+      if (nextRetry !== undefined) delay = Math.min(delay, nextRetry - this.#clock().getTime());
     }
-    if (this.#dirty) delay = Math.min(delay, this.#blockedUntil - now);
     if (!Number.isFinite(delay)) return;
     this.#clearPoll();
     this.#pollTimer = setTimeout(() => {
       this.#pollTimer = undefined;
-      if (this.#retryAt !== undefined && this.#retryAt <= this.#clock().getTime()) {
-        this.#retryAt = undefined;
-      }
+      this.#retryTimes.dropUntil(this.#clock().getTime());
       this.#dirty = true;
       this.#start();
     }, Math.max(0, delay));
@@ -594,6 +604,39 @@ export class OutboxDispatcher implements AsyncDisposable {
     } catch {
       // An error callback must not break dispatcher recovery.
     }
+  }
+}
+
+/** Retry times are kept rounded up to this, so a burst of failures costs a few entries. */
+const retryResolutionMs = 50;
+
+/** The distinct (rounded) times at which scheduled retries become due, earliest first. */
+class RetryTimes {
+  #times: number[] = [];
+
+  add(time: number): void {
+    const rounded = Math.ceil(time / retryResolutionMs) * retryResolutionMs;
+    const times = this.#times;
+    let low = 0;
+    let high = times.length;
+    while (low < high) {
+      const middle = (low + high) >>> 1;
+      if (times[middle] < rounded) low = middle + 1;
+      else high = middle;
+    }
+    if (times[low] !== rounded) times.splice(low, 0, rounded);
+  }
+
+  /** The earliest time still pending. */
+  next(): number | undefined {
+    return this.#times[0];
+  }
+
+  /** Forgets the times that are due by `now` (their retries are claimable now). */
+  dropUntil(now: number): void {
+    let count = 0;
+    while (count < this.#times.length && this.#times[count] <= now) count++;
+    if (count > 0) this.#times.splice(0, count);
   }
 }
 
