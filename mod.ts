@@ -101,6 +101,8 @@ export {
   type InboxConsumerOptions,
   type InboxConsumerStats,
   type InboxHandlerContext,
+  type InboxOutcome,
+  type InboxProcessResult,
   type JetStreamMessageLike,
   messageIdOf,
   type PullConsumerLike,

@@ -5,7 +5,14 @@
  */
 
 import assert from "node:assert/strict";
-import { context, propagation, type Span, SpanKind, trace } from "@opentelemetry/api";
+import {
+  context,
+  propagation,
+  type Span,
+  SpanKind,
+  SpanStatusCode,
+  trace,
+} from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import {
@@ -243,7 +250,7 @@ Deno.test("metrics after a run with failures, a duplicate and a dead message", a
   const observation = telemetry.observeBacklog(outbox, { store: "memory", intervalMs: 60_000 });
   await observation.refresh();
   const points = await metricPoints(otel.reader);
-  observation.stop();
+  await observation.stop();
 
   assert.equal(sum(points.get("outbox.messages.dispatched")), 4);
   assert.equal(sum(points.get("outbox.messages.failed"), { "error.type": "no_stream" }), 1);
@@ -347,5 +354,54 @@ Deno.test("without an SDK the publish path adds nothing; a tracer provider regis
   } finally {
     trace.disable();
     await provider.shutdown();
+  }
+});
+
+Deno.test("inbox process spans: a failed handler is an error span, only applied messages count", async () => {
+  await using otel = withOtel();
+  const nc = await connectNats();
+  await using stream = await createTestStream(nc);
+  try {
+    const jsm = await jetstreamManager(nc);
+    await jsm.consumers.add(stream.name, { durable_name: "c", ack_policy: AckPolicy.Explicit });
+    const js = jetstream(nc);
+    const telemetry = new OutboxTelemetry({
+      tracerProvider: otel.tracerProvider,
+      meterProvider: otel.meterProvider,
+    });
+    const inbox = new MemoryInboxRepository();
+    await inbox.record("seen-before", { consumer: "c" });
+    let done!: () => void;
+    const finished = new Promise<void>((resolve) => done = resolve);
+    const running = await consumeWithInbox(await js.consumers.get(stream.name, "c"), {
+      scope: "c",
+      inbox,
+      nakBackoff: { baseMs: 20, capMs: 20 },
+      ...telemetry.inboxHooks(),
+      handler: (_message, { deliveryCount, messageId }) => {
+        if (messageId === "flaky" && deliveryCount === 1) {
+          return Promise.reject(new Error("first try fails"));
+        }
+        if (messageId === "flaky") done();
+        return Promise.resolve();
+      },
+    });
+    await js.publish(`${stream.prefix}.a`, "x", { msgID: "seen-before" });
+    await js.publish(`${stream.prefix}.a`, "y", { msgID: "flaky" });
+    await finished;
+    await running.stop();
+    const spans = otel.spans.getFinishedSpans().filter((s) => s.name.startsWith("process "));
+    const outcomes = spans.map((s) => [s.attributes["inbox.outcome"], s.status.code]);
+    assert.deepEqual(outcomes, [
+      ["duplicate", SpanStatusCode.UNSET],
+      ["failed", SpanStatusCode.ERROR],
+      ["processed", SpanStatusCode.UNSET],
+    ]);
+    const points = await metricPoints(otel.reader);
+    assert.equal(sum(points.get("inbox.messages.processed")), 1);
+    assert.equal(sum(points.get("inbox.messages.duplicates")), 1);
+    assert.equal(sum(points.get("outbox.errors"), { surface: "inbox", phase: "process" }), 1);
+  } finally {
+    await nc.close();
   }
 });

@@ -17,6 +17,8 @@
  */
 
 import { OutboxValidationError } from "../core/errors.ts";
+import { positiveInteger } from "../core/limits.ts";
+import { backoffCeilingMs, type ResolvedRetryPolicy, resolveRetryPolicy } from "../core/retry.ts";
 import { outboxHeaders } from "../core/events.ts";
 import type { InboxRepository, TransactionRunner } from "../core/types.ts";
 import {
@@ -140,10 +142,41 @@ export interface InboxConsumerOptions<M extends JetStreamMessageLike, Tx> {
   /** Retention check at start (see {@linkcode checkInboxRetention}). */
   retention?: InboxRetentionOptions;
   /**
-   * Wraps the processing of one message, for instrumentation (tracing spans).
+   * Wraps the processing of one message, for instrumentation (tracing spans): `process()`
+   * resolves with what became of the message (it never rejects: a handler failure is handled
+   * by the loop and resolves as `"failed"` / `"poisoned"` with its error).
    * @default {run it as is}
    */
-  around?: (message: M, process: () => Promise<void>) => Promise<void>;
+  around?: (message: M, process: () => Promise<InboxProcessResult>) => Promise<unknown>;
+}
+
+/**
+ * What became of one delivery: applied and acked, acked as a duplicate, naked after a handler
+ * failure, or terminated after `max_deliver`.
+ *
+ * @example
+ * ```ts
+ * import type { InboxOutcome } from "@outbox/nats";
+ * const outcome: InboxOutcome = "duplicate";
+ * ```
+ */
+export type InboxOutcome = "processed" | "duplicate" | "failed" | "poisoned";
+
+/**
+ * What `process()` in {@linkcode InboxConsumerOptions.around} resolves to: the outcome, and the
+ * handler's error for `"failed"` / `"poisoned"`.
+ *
+ * @example
+ * ```ts
+ * import type { InboxProcessResult } from "@outbox/nats";
+ * const result: InboxProcessResult = { outcome: "failed", error: new Error("boom") };
+ * ```
+ */
+export interface InboxProcessResult {
+  /** What became of the delivery. */
+  outcome: InboxOutcome;
+  /** The handler's (or transaction's) error, when it failed. */
+  error?: unknown;
 }
 
 /**
@@ -221,9 +254,13 @@ export async function consumeWithInbox<M extends JetStreamMessageLike, Tx = unde
   consumer: PullConsumerLike<M>,
   options: InboxConsumerOptions<M, Tx>,
 ): Promise<InboxConsumer> {
-  const concurrency = options.concurrency ?? 1;
-  if (!Number.isInteger(concurrency) || concurrency < 1) {
-    throw new OutboxValidationError("concurrency", "concurrency must be an integer >= 1");
+  const concurrency = positiveInteger("concurrency", options.concurrency ?? 1);
+  if (options.prefetch !== undefined) positiveInteger("prefetch", options.prefetch);
+  if (options.inProgressIntervalMs !== undefined && options.inProgressIntervalMs < 100) {
+    throw new OutboxValidationError(
+      "inProgressIntervalMs",
+      `inProgressIntervalMs must be >= 100, got ${options.inProgressIntervalMs}`,
+    );
   }
   if (typeof options.scope !== "string") {
     throw new OutboxValidationError("scope", "scope (the inbox consumer scope) must be a string");
@@ -240,10 +277,10 @@ export async function consumeWithInbox<M extends JetStreamMessageLike, Tx = unde
       "without a transaction runner the inbox must offer has() (memory and NATS KV inboxes do)",
     );
   }
-  const nak = {
+  const nak = resolveRetryPolicy({
     baseMs: options.nakBackoff?.baseMs ?? 1_000,
     capMs: options.nakBackoff?.capMs ?? 60_000,
-  };
+  });
   const { config } = await consumer.info();
   if (options.retention) {
     checkInboxRetention(options.retention, { consumer: config, nakCapMs: nak.capMs });
@@ -261,7 +298,7 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
   readonly closed: Promise<void>;
   #options: InboxConsumerOptions<M, Tx>;
   #concurrency: number;
-  #nak: { baseMs: number; capMs: number };
+  #nak: ResolvedRetryPolicy;
   #scope: string;
   #maxDeliver: number;
   #heartbeatMs: number;
@@ -274,7 +311,7 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
     config: RedeliveryConfig,
     options: InboxConsumerOptions<M, Tx>,
     concurrency: number,
-    nak: { baseMs: number; capMs: number },
+    nak: ResolvedRetryPolicy,
   ) {
     this.#options = options;
     this.#concurrency = concurrency;
@@ -308,6 +345,10 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
           continue;
         }
         while (this.#inFlight.size >= this.#concurrency) await Promise.race(this.#inFlight);
+        if (this.#stopping) {
+          message.nak(); // stop() came while it waited for a free slot
+          continue;
+        }
         const task = this.#process(message).finally(() => this.#inFlight.delete(task));
         this.#inFlight.add(task);
       }
@@ -322,12 +363,14 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
   async #process(message: M): Promise<void> {
     const around = this.#options.around;
     const process = () => this.#handle(message);
-    await (around ? around(message, process) : process()).catch((error) =>
-      this.#report(error, message)
-    );
+    try {
+      await (around ? around(message, process) : process());
+    } catch (error) {
+      this.#report(error, message);
+    }
   }
 
-  async #handle(message: M): Promise<void> {
+  async #handle(message: M): Promise<InboxProcessResult> {
     const messageId = messageIdOf(message);
     const deliveryCount = message.info.deliveryCount;
     const heartbeat = setInterval(() => message.working(), this.#heartbeatMs);
@@ -355,20 +398,20 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
       }
     } catch (error) {
       clearInterval(heartbeat);
-      await this.#fail(message, error, deliveryCount);
-      return;
+      return { outcome: await this.#fail(message, error, deliveryCount), error };
     }
     clearInterval(heartbeat);
     message.ack();
     if (duplicate) {
       this.stats.duplicates += 1;
       guard(() => this.#options.onDuplicate?.(message, messageId));
-    } else {
-      this.stats.processed += 1;
+      return { outcome: "duplicate" };
     }
+    this.stats.processed += 1;
+    return { outcome: "processed" };
   }
 
-  async #fail(message: M, error: unknown, deliveryCount: number): Promise<void> {
+  async #fail(message: M, error: unknown, deliveryCount: number): Promise<InboxOutcome> {
     this.stats.failed += 1;
     this.#report(error, message);
     if (this.#maxDeliver > 0 && deliveryCount >= this.#maxDeliver) {
@@ -380,10 +423,10 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
       } catch (hookError) {
         this.#report(hookError, message);
       }
-      return;
+      return "poisoned";
     }
-    const exponent = Math.min(Math.max(deliveryCount - 1, 0), 30);
-    message.nak(Math.min(this.#nak.capMs, this.#nak.baseMs * 2 ** exponent));
+    message.nak(backoffCeilingMs(deliveryCount, this.#nak));
+    return "failed";
   }
 
   #report(error: unknown, message?: M): void {

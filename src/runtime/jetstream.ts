@@ -176,15 +176,17 @@ export function createJetStreamRuntime(
           { code: "invalid_msg_id" },
         );
       }
-      const messageHeaders = natsHeaders();
-      messageHeaders.set(outboxHeaders.messageId, id);
-      for (const [name, value] of Object.entries(event.headers)) {
-        // The event id above is the Nats-Msg-Id (validation keeps a stored one equal to it).
-        if (name.toLowerCase() === messageIdLower) continue;
-        messageHeaders.set(name, value);
-      }
       let ack;
       try {
+        // Inside the try: a header nats.js refuses (a row written behind the validator's back)
+        // is classified like any other invalid argument, permanent.
+        const messageHeaders = natsHeaders();
+        messageHeaders.set(outboxHeaders.messageId, id);
+        for (const [name, value] of Object.entries(event.headers)) {
+          // The event id above is the Nats-Msg-Id (validation keeps a stored one equal to it).
+          if (name.toLowerCase() === messageIdLower) continue;
+          messageHeaders.set(name, value);
+        }
         ack = await js.publish(event.subject, event.encodedPayload, {
           headers: messageHeaders,
           timeout,

@@ -26,6 +26,7 @@ import {
   type TracerProvider,
 } from "@opentelemetry/api";
 import { errorMessage, OutboxPublishError } from "../core/errors.ts";
+import { nonNegative } from "../core/limits.ts";
 import type {
   OutboxAdmin,
   OutboxDeliveryOptions,
@@ -111,14 +112,14 @@ export interface OutboxErrorAttributes {
  * const telemetry = new OutboxTelemetry();
  * const observation = telemetry.observeBacklog(new MemoryOutboxRepository(), { store: "memory" });
  * await observation.refresh();
- * observation.stop();
+ * await observation.stop();
  * ```
  */
-export interface BacklogObservation extends Disposable {
-  /** Samples `stats()` now (also done every `intervalMs`). */
+export interface BacklogObservation extends AsyncDisposable {
+  /** Samples `stats()` now (also done every `intervalMs`); joins a sample already running. */
   refresh(): Promise<void>;
-  /** Stops sampling and reporting. */
-  stop(): void;
+  /** Stops sampling and reporting; resolves once a sample in flight has ended. */
+  stop(): Promise<void>;
 }
 
 /**
@@ -295,7 +296,7 @@ export class OutboxTelemetry {
    * const observation = new OutboxTelemetry().observeBacklog(new MemoryOutboxRepository(), {
    *   store: "memory",
    * });
-   * observation.stop();
+   * await observation.stop();
    * ```
    */
   observeBacklog(
@@ -304,23 +305,32 @@ export class OutboxTelemetry {
   ): BacklogObservation {
     this.#registerGauges();
     const key = options.store;
+    const intervalMs = nonNegative("intervalMs", options.intervalMs ?? 15_000);
     let stopped = false;
-    const refresh = async () => {
-      try {
-        const stats = await store.stats();
-        if (!stopped) this.#backlog.set(key, stats);
-      } catch (error) {
-        options.onError?.(error);
-      }
+    let sampling: Promise<void> | undefined;
+    const refresh = (): Promise<void> => {
+      // One sample at a time: a slow stats() is joined, not piled up.
+      sampling ??= (async () => {
+        try {
+          const stats = await store.stats();
+          if (!stopped) this.#backlog.set(key, stats);
+        } catch (error) {
+          options.onError?.(error);
+        } finally {
+          sampling = undefined;
+        }
+      })();
+      return sampling;
     };
     void refresh();
-    const timer = setInterval(() => void refresh(), options.intervalMs ?? 15_000);
-    const stop = () => {
+    const timer = setInterval(() => void refresh(), Math.max(intervalMs, 100));
+    const stop = async (): Promise<void> => {
       stopped = true;
       clearInterval(timer);
       this.#backlog.delete(key);
+      await sampling;
     };
-    return { refresh, stop, [Symbol.dispose]: stop };
+    return { refresh, stop, [Symbol.asyncDispose]: stop };
   }
 
   /**
@@ -352,7 +362,10 @@ export class OutboxTelemetry {
       info: { stream: string };
     },
   >(): {
-    around: (message: M, process: () => Promise<void>) => Promise<void>;
+    around: (
+      message: M,
+      process: () => Promise<{ outcome: string; error?: unknown }>,
+    ) => Promise<void>;
     onDuplicate: (message: M, messageId: string) => void;
   } {
     return {
@@ -369,8 +382,19 @@ export class OutboxTelemetry {
         }, parent);
         return context.with(trace.setSpan(parent, span), async () => {
           try {
-            await process();
-            this.#inboxProcessed.add(1, { "messaging.system": this.#system });
+            const { outcome, error } = await process();
+            span.setAttribute("inbox.outcome", outcome);
+            if (outcome === "processed") {
+              this.#inboxProcessed.add(1, { "messaging.system": this.#system });
+            } else if (outcome === "failed" || outcome === "poisoned") {
+              fail(span, error);
+              this.recordError(error, {
+                surface: "inbox",
+                direction: "consumer",
+                operation: message.info.stream, // bounded, unlike subjects
+                phase: "process",
+              });
+            }
           } catch (error) {
             fail(span, error);
             throw error;

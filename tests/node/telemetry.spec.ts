@@ -42,7 +42,7 @@ test("node: @outbox/nats/telemetry instruments a dispatcher to JetStream without
     const dispatcher = new OutboxDispatcher(outbox, runtime, { ...telemetry.hooks });
     await dispatcher.whenIdle();
     await dispatcher.stop();
-    backlog.stop();
+    await backlog.stop();
     assert.equal((await outbox.stats()).dispatched, 10);
     assert.equal((await jsm.streams.info(name)).state.messages, 10);
     // No SDK, no propagator: no trace headers are invented, and extraction yields a context.
