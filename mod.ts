@@ -202,7 +202,4 @@ export {
   type KvBucketSettings,
 } from "./src/stores/nats_kv/bucket.ts";
 export { NatsKvIndexError } from "./src/stores/nats_kv/errors.ts";
-export {
-  type SqliteTransactionOptions,
-  sqliteTransactionRunner,
-} from "./src/stores/sql/transactions.ts";
+export { sqliteTransactionRunner } from "./src/stores/sql/transactions.ts";

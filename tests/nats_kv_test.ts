@@ -252,9 +252,12 @@ Deno.test("nats kv: crash states between record and marker heal themselves", asy
   assert.equal(await outbox.markDead(doomed, { error: "no stream", now }), true);
   assert.equal(await outbox.requeue([requeued.id], now), 1);
   await kv.delete(markerKeyOf(await outboxRecordKey(requeued.id)));
-  assert.deepEqual(await outbox.claimDue(10, now), []);
-  assert.equal(await outbox.requeue([requeued.id], now), 0, "nothing was dead");
-  assert.deepEqual(ids(await outbox.claimDue(10, now)), [requeued.id]);
+  // A repository started now sees the bucket as the crash left it (the first one's index may
+  // not have received the marker's deletion from its watch yet).
+  const restarted = fixture.outbox();
+  assert.deepEqual(await restarted.claimDue(10, now), []);
+  assert.equal(await restarted.requeue([requeued.id], now), 0, "nothing was dead");
+  assert.deepEqual(ids(await restarted.claimDue(10, now)), [requeued.id]);
 });
 
 Deno.test("nats kv: corrupt entries are dead, listed, and never break a claim", async () => {

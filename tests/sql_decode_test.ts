@@ -1,7 +1,15 @@
 /** Decoding rows as real drivers return them, and rejecting what cannot be decoded. */
 
 import assert from "node:assert/strict";
+import postgres from "postgres";
 import { decodeOutboxRow, decodeOutboxRowLoosely } from "../src/stores/sql/decode.ts";
+import {
+  migrate,
+  type OutboxValidationError,
+  postgresJsExecutor,
+  SqlOutboxRepository,
+} from "../mod.ts";
+import { createTestDatabase } from "./kit/mod.ts";
 
 const base = {
   seq: 1,
@@ -94,4 +102,34 @@ Deno.test("loose decoding shows what it can of a corrupt row", () => {
   assert.deepEqual(message.headers, {});
   assert.equal(message.kind, "event.bogus");
   assert.match(message.lastError ?? "", /Corrupt/);
+});
+
+Deno.test("a driver that renames columns fails the claim instead of dead-lettering every row", async () => {
+  const database = await createTestDatabase();
+  const plain = postgres(database.url, { max: 1, onnotice: () => {} });
+  const camel = postgres(database.url, { max: 1, onnotice: () => {}, transform: postgres.camel });
+  try {
+    await migrate(postgresJsExecutor(plain), { dialect: "postgres" });
+    const outbox = new SqlOutboxRepository(postgresJsExecutor(plain), "postgres");
+    await outbox.enqueue({
+      id: "camel-1",
+      kind: "event.publish",
+      name: "n",
+      subject: "a.b",
+      payload: "{}",
+      headers: {},
+    });
+    const renamed = new SqlOutboxRepository(postgresJsExecutor(camel), "postgres");
+    await assert.rejects(
+      renamed.claimDue(10, new Date()),
+      (error: OutboxValidationError) =>
+        error.field === "executor" && /created_at/.test(error.message),
+    );
+    const stored = await outbox.get("camel-1");
+    assert.equal(stored?.state, "claimed", "leased, claimed again later; not dead");
+  } finally {
+    await plain.end();
+    await camel.end();
+    await database[Symbol.asyncDispose]();
+  }
 });

@@ -5,6 +5,7 @@
  */
 
 import { OutboxValidationError } from "./errors.ts";
+import { defaultLeaseMs } from "./time.ts";
 
 /**
  * Default number of rows deleted per prune statement.
@@ -31,6 +32,19 @@ export function positiveInteger(field: string, value: number): number {
     throw new OutboxValidationError(field, `${field} must be an integer >= 1, got ${value}`);
   }
   return value;
+}
+
+/** `date` as an ISO string if it is a valid `Date`, else throws `OutboxValidationError`. */
+export function checkedDate(date: Date, field = "now"): string {
+  if (!(date instanceof Date) || !Number.isFinite(date.getTime())) {
+    throw new OutboxValidationError(field, `${field} must be a valid Date`);
+  }
+  return date.toISOString();
+}
+
+/** The claim lease of `claimDue`'s options, checked (default {@linkcode defaultLeaseMs}). */
+export function checkedLeaseMs(leaseMs: number | undefined): number {
+  return nonNegative("leaseMs", leaseMs ?? defaultLeaseMs);
 }
 
 /** Returns `limit` if it is an integer >= 0, else throws `OutboxValidationError`. */

@@ -262,6 +262,21 @@ export const conformanceCases: readonly ConformanceCase[] = [
     },
   },
   {
+    name: "claimDue rejects an invalid lease or time with OutboxValidationError, claiming nothing",
+    async run({ outbox }) {
+      const [r] = await enqueueAll(outbox, 1);
+      for (const leaseMs of [-1, Number.NaN, Number.POSITIVE_INFINITY]) {
+        await assert.rejects(outbox.claimDue(1, new Date(), { leaseMs }), {
+          name: "OutboxValidationError",
+        });
+      }
+      await assert.rejects(outbox.claimDue(1, new Date(Number.NaN)), {
+        name: "OutboxValidationError",
+      });
+      assert.equal((await outbox.get(r.id))?.state, "pending");
+    },
+  },
+  {
     name: "an expired lease makes the message claimable again and fences the old claim",
     async run({ outbox }) {
       const [r] = await enqueueAll(outbox, 1);

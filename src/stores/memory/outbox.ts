@@ -6,7 +6,7 @@
  */
 
 import { assertOutboxIdentity } from "../../core/identity.ts";
-import { addMs, defaultLeaseMs } from "../../core/time.ts";
+import { addMs } from "../../core/time.ts";
 import type {
   JsonValue,
   OutboxAdmin,
@@ -24,7 +24,7 @@ import type {
   OutboxStats,
 } from "../../core/types.ts";
 import { validateOutboxRecord } from "../../core/validate.ts";
-import { checkedBatchSize, checkedLimit } from "../../core/limits.ts";
+import { checkedBatchSize, checkedDate, checkedLeaseMs, checkedLimit } from "../../core/limits.ts";
 
 interface Entry {
   seq: number;
@@ -94,8 +94,8 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
   claimDue(limit: number, now: Date, options: OutboxClaimOptions = {}): Promise<OutboxMessage[]> {
     try {
       const max = checkedLimit(limit);
-      const nowIso = now.toISOString();
-      const leaseUntil = addMs(now, options.leaseMs ?? defaultLeaseMs).toISOString();
+      const nowIso = checkedDate(now, "now");
+      const leaseUntil = addMs(now, checkedLeaseMs(options.leaseMs)).toISOString();
       const claimed: OutboxMessage[] = [];
       for (const entry of this.#active.values()) {
         if (claimed.length >= max) break;
@@ -156,13 +156,18 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
         .map((entry) => entry.message.id);
       for (let start = 0; start < ids.length; start += batchSize) {
         const batch = ids.slice(start, start + batchSize);
+        let removed = batch.length;
         if (!options.dryRun) {
+          removed = 0;
           for (const id of batch) {
-            map.delete(id);
-            this.#all.delete(id);
+            // Only if it is still there: a requeue between batches took it back.
+            if (map.delete(id)) {
+              this.#all.delete(id);
+              removed += 1;
+            }
           }
         }
-        result[key] += batch.length;
+        result[key] += removed;
         options.onProgress?.({ ...result });
         await Promise.resolve();
       }
@@ -279,7 +284,11 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
     ) {
       return false;
     }
-    message.updatedAt = now.toISOString();
+    const nowIso = checkedDate(now, "now");
+    const nextAttemptAt = mark.state === "failed"
+      ? checkedDate(mark.nextAttemptAt, "nextAttemptAt")
+      : undefined;
+    message.updatedAt = nowIso;
     message.state = mark.state;
     switch (mark.state) {
       case "dispatched":
@@ -289,7 +298,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
         this.#move(entry, this.#dispatched);
         break;
       case "failed":
-        message.nextAttemptAt = mark.nextAttemptAt.toISOString();
+        message.nextAttemptAt = nextAttemptAt;
         message.lastError = mark.error;
         break;
       case "dead":

@@ -24,8 +24,14 @@ import {
   OutboxValidationError,
 } from "../../core/errors.ts";
 import { assertOutboxIdentity } from "../../core/identity.ts";
-import { checkedBatchSize, checkedLimit, nonNegative } from "../../core/limits.ts";
-import { addMs, defaultLeaseMs } from "../../core/time.ts";
+import {
+  checkedBatchSize,
+  checkedDate,
+  checkedLeaseMs,
+  checkedLimit,
+  nonNegative,
+} from "../../core/limits.ts";
+import { addMs } from "../../core/time.ts";
 import type {
   JsonValue,
   OutboxAdmin,
@@ -259,10 +265,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     options: OutboxClaimOptions = {},
   ): Promise<OutboxMessage[]> {
     const max = checkedLimit(limit);
-    const leaseMs = options.leaseMs ?? defaultLeaseMs;
-    if (!Number.isFinite(leaseMs) || leaseMs < 0) {
-      throw new OutboxValidationError("leaseMs", `leaseMs must be a number >= 0, got ${leaseMs}`);
-    }
+    const leaseMs = checkedLeaseMs(options.leaseMs);
+    checkedDate(now, "now");
     if (max === 0) return [];
     let synced = await this.#index.ready();
     const nowMs = now.getTime();
@@ -698,18 +702,23 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     ]);
     if (created.status === "fulfilled") {
       if (indexed.status === "rejected" && !isWrongLastSequence(indexed.reason)) {
-        await this.#kv.create(markerKey, encodeJson(marker)).catch((error) => {
-          if (!isWrongLastSequence(error)) throw error;
-        });
+        // The record is stored but not indexed yet: without its marker no claim would find
+        // it. Try again a few times; if the bucket still refuses, the error reaches the
+        // caller, whose retried enqueue (same id) or repair() re-creates the marker.
+        await this.#indexAgain(markerKey, marker);
       }
       return toMessage(stored);
     }
     if (!isWrongLastSequence(created.reason)) {
-      if (indexed.status === "fulfilled") {
-        // Nothing was stored: take the marker back instead of leaving an orphan for the grace.
+      const refused = errorNamed(created.reason, "InvalidArgumentError");
+      if (refused && indexed.status === "fulfilled") {
+        // nats.js refused the record write itself, so nothing was stored: take the marker back
+        // instead of leaving an orphan for the grace. After any other failure (a timeout, say)
+        // the record may have landed: keep the marker, which makes it claimable if it did and
+        // is dropped as an orphan after orphanGraceMs if it did not.
         await this.#kv.delete(markerKey, { previousSeq: indexed.value }).catch(() => {});
       }
-      if (errorNamed(created.reason, "InvalidArgumentError")) {
+      if (refused) {
         // nats.js refused the write itself (above the server's max_payload, when the server's
         // limit was not known to #prepare).
         throw new OutboxValidationError(
@@ -737,6 +746,20 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     }
     assertOutboxIdentity(existing, record);
     return toMessage(existing);
+  }
+
+  /** Writes a missing marker, retrying with a short backoff (three more attempts). */
+  async #indexAgain(markerKey: string, marker: Marker): Promise<void> {
+    for (const delayMs of [0, 50, 250, 1_000]) {
+      if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
+      try {
+        await this.#kv.create(markerKey, encodeJson(marker));
+        return;
+      } catch (error) {
+        if (isWrongLastSequence(error)) return; // it exists
+        if (delayMs === 1_000) throw error;
+      }
+    }
   }
 
   /** Claims one due record with a revision CAS; `undefined` when another writer won. */

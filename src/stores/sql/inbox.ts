@@ -7,7 +7,7 @@
 
 import { OutboxValidationError } from "../../core/errors.ts";
 import { resolveInboxRecordOptions } from "../../core/inbox.ts";
-import { checkedBatchSize } from "../../core/limits.ts";
+import { checkedBatchSize, checkedDate } from "../../core/limits.ts";
 import type {
   InboxAdmin,
   InboxPruneOptions,
@@ -92,11 +92,7 @@ export class SqlInboxRepository implements InboxRepository, InboxAdmin {
   /** Forgets ids received before `receivedBefore`, `batchSize` per statement; returns the count. */
   async prune(options: InboxPruneOptions): Promise<number> {
     const batchSize = checkedBatchSize(options.batchSize);
-    const before = options.receivedBefore;
-    if (!(before instanceof Date) || !Number.isFinite(before.getTime())) {
-      throw new OutboxValidationError("receivedBefore", "receivedBefore must be a valid Date");
-    }
-    const cutoff = before.toISOString();
+    const cutoff = checkedDate(options.receivedBefore, "receivedBefore");
     let removed = 0;
     while (true) {
       const rows = await this.executor.query(this.#sql.inboxPrune, [cutoff, batchSize]);

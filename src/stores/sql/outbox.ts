@@ -11,8 +11,8 @@ import {
   OutboxValidationError,
 } from "../../core/errors.ts";
 import { assertOutboxIdentity } from "../../core/identity.ts";
-import { checkedBatchSize, checkedLimit } from "../../core/limits.ts";
-import { addMs, defaultLeaseMs, toIsoTimestamp } from "../../core/time.ts";
+import { checkedBatchSize, checkedDate, checkedLeaseMs, checkedLimit } from "../../core/limits.ts";
+import { addMs, toIsoTimestamp } from "../../core/time.ts";
 import type {
   JsonValue,
   OutboxAdmin,
@@ -32,7 +32,7 @@ import type {
 import { validateOutboxRecord } from "../../core/validate.ts";
 import { decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
 import { type OutboxStatements, outboxStatements } from "./dialects.ts";
-import type { SqlExecutor } from "./executors.ts";
+import type { SqlExecutor, SqlRow } from "./executors.ts";
 import {
   checkDialect,
   type ResolvedSqlOutboxTables,
@@ -215,13 +215,11 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   ): Promise<OutboxMessage[]> {
     const max = checkedLimit(limit);
     if (max === 0) return [];
-    const leaseMs = options.leaseMs ?? defaultLeaseMs;
-    if (!Number.isFinite(leaseMs) || leaseMs < 0) {
-      throw new OutboxValidationError("leaseMs", `leaseMs must be a number >= 0, got ${leaseMs}`);
-    }
+    const leaseMs = checkedLeaseMs(options.leaseMs);
     const nowIso = checkedDate(now, "now");
     const lease = addMs(now, leaseMs).toISOString();
     const rows = await this.executor.query(this.#sql.claim, [nowIso, lease, max]);
+    if (rows.length > 0) checkColumns(rows[0]);
     // RETURNING gives no order: restore the claim order (seq).
     rows.sort((a, b) => (integer(a.seq) ?? 0) - (integer(b.seq) ?? 0));
     const claimed: OutboxMessage[] = [];
@@ -437,11 +435,35 @@ function copyMessage(message: OutboxMessage): OutboxMessage {
   return copy;
 }
 
-function checkedDate(value: Date, field: string): string {
-  if (!(value instanceof Date) || !Number.isFinite(value.getTime())) {
-    throw new OutboxValidationError(field, `${field} must be a valid Date`);
+const claimColumns = [
+  "id",
+  "kind",
+  "name",
+  "subject",
+  "payload",
+  "headers",
+  "state",
+  "attempts",
+  "created_at",
+  "updated_at",
+  "seq",
+];
+
+/**
+ * A row without one of our columns is a driver set up to rename or reshape rows (postgres.js
+ * `transform: postgres.camel`, node:sqlite `returnArrays`), not a corrupt message: fail the claim
+ * (the rows stay leased and are claimed again later) instead of dead-lettering every message.
+ */
+function checkColumns(row: SqlRow): void {
+  const missing = claimColumns.filter((column) => !(column in row));
+  if (missing.length > 0) {
+    throw new OutboxValidationError(
+      "executor",
+      `the executor returned outbox rows without the column(s) ${missing.join(", ")}; ` +
+        "give the outbox a connection without column-name transforms (postgres.js transform, " +
+        "returnArrays)",
+    );
   }
-  return value.toISOString();
 }
 
 function notifyChannel(

@@ -8,25 +8,6 @@
 import type { SqlExecutor } from "./executors.ts";
 
 /**
- * Options for {@linkcode sqliteTransactionRunner}.
- *
- * @example
- * ```ts
- * import type { SqliteTransactionOptions } from "@outbox/nats";
- * const options: SqliteTransactionOptions = { mode: "IMMEDIATE" };
- * ```
- */
-export interface SqliteTransactionOptions {
-  /**
-   * How the transaction begins. `IMMEDIATE` takes the write lock at `BEGIN`, so a transaction
-   * that writes never fails halfway with SQLITE_BUSY on an upgrade.
-   *
-   * @default {"IMMEDIATE"}
-   */
-  mode?: "IMMEDIATE" | "DEFERRED" | "EXCLUSIVE";
-}
-
-/**
  * A `TransactionRunner` for one SQLite connection (an executor from
  * `nodeSqliteExecutor` or `betterSqlite3Executor`): runs each `work` between `BEGIN IMMEDIATE`
  * and `COMMIT` (`ROLLBACK` when it throws), one at a time, in call order, through the
@@ -61,18 +42,17 @@ export interface SqliteTransactionOptions {
  */
 export function sqliteTransactionRunner(
   executor: SqlExecutor,
-  options: SqliteTransactionOptions = {},
 ): <T>(work: (tx: SqlExecutor) => Promise<T>) => Promise<T> {
-  const mode = options.mode ?? "IMMEDIATE";
   // Our SQLite executors queue their own transactions and keep other statements out of them.
-  if (mode === "IMMEDIATE" && executor.transaction) {
+  if (executor.transaction) {
     return <T>(work: (tx: SqlExecutor) => Promise<T>) => executor.transaction!(work);
   }
-  const begin = `BEGIN ${mode}`;
+  // Any other executor: queue BEGIN IMMEDIATE ... COMMIT here. Statements issued on the same
+  // executor elsewhere are not kept out of the open transaction; give such code its own handle.
   let tail: Promise<unknown> = Promise.resolve();
   return <T>(work: (tx: SqlExecutor) => Promise<T>): Promise<T> => {
     const run = tail.then(async () => {
-      await executor.query(begin, []);
+      await executor.query("BEGIN IMMEDIATE", []);
       try {
         const result = await work(executor);
         await executor.query("COMMIT", []);
