@@ -18,7 +18,7 @@ import type {
 import { isWrongLastSequence } from "./errors.ts";
 import { inboxKey, inboxPrefix } from "./keys.ts";
 import { encodeJson, type InboxEntry, recordCodec } from "./records.ts";
-import { rawPurger, scanLatest } from "./scan.ts";
+import { rawPurger, removeIfUnchanged, scanLatest } from "./scan.ts";
 
 /**
  * Options of {@linkcode NatsKvInboxRepository}.
@@ -142,16 +142,9 @@ export class NatsKvInboxRepository implements InboxRepository, InboxAdmin {
     let removed = 0;
     for (let start = 0; start < victims.length; start += batchSize) {
       const batch = victims.slice(start, start + batchSize);
-      const done = await Promise.all(batch.map(async (entry) => {
-        if (purge) return await purge(entry.key, entry.revision) > 0;
-        try {
-          await this.#kv.purge(entry.key, { previousSeq: entry.revision });
-          return true;
-        } catch (error) {
-          if (isWrongLastSequence(error)) return false;
-          throw error;
-        }
-      }));
+      const done = await Promise.all(
+        batch.map((entry) => removeIfUnchanged(this.#kv, purge, entry.key, entry.revision)),
+      );
       removed += done.filter(Boolean).length;
     }
     return removed;

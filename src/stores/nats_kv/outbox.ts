@@ -60,7 +60,7 @@ import {
   type StoredOutboxRecord,
   toMessage,
 } from "./records.ts";
-import { rawPurger, scanLatest } from "./scan.ts";
+import { rawPurger, removeIfUnchanged, scanLatest } from "./scan.ts";
 
 /**
  * Options of {@linkcode NatsKvOutboxRepository}.
@@ -892,20 +892,14 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     entry: KvEntry,
     purge: ((key: string, revision: number) => Promise<number>) | undefined,
   ): Promise<boolean> {
+    if (!await removeIfUnchanged(this.#kv, purge, entry.key, entry.revision)) return false;
     if (purge) {
-      if (await purge(entry.key, entry.revision) === 0) return false; // changed since the scan
+      // The settled record's marker tombstone goes too, keeping the watch's snapshot small.
       const markerKey = markerKeyOf(entry.key);
       const marker = await this.#kv.get(markerKey);
       if (marker && marker.operation !== "PUT") await purge(markerKey, marker.revision);
-      return true;
     }
-    try {
-      await this.#kv.purge(entry.key, { previousSeq: entry.revision });
-      return true;
-    } catch (error) {
-      if (isWrongLastSequence(error)) return false;
-      throw error;
-    }
+    return true;
   }
 
   #remember(record: StoredOutboxRecord, revision: number): void {

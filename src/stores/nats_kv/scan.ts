@@ -5,6 +5,7 @@
  * @module
  */
 
+import { isWrongLastSequence } from "./errors.ts";
 import type { KV, KvEntry } from "@nats-io/kv";
 
 /**
@@ -73,4 +74,25 @@ export function rawPurger(
     const response = await bucket.jsm.streams.purge(bucket.stream, { filter, seq: revision + 1 });
     return response.purged;
   };
+}
+
+/**
+ * Removes `key` if it is still at `revision` (what a scan saw): without a tombstone through
+ * `purge` (from {@linkcode rawPurger}) when there is one, else with a revision-checked KV purge.
+ * Returns `false` when the key changed since.
+ */
+export async function removeIfUnchanged(
+  kv: KV,
+  purge: ((key: string, revision: number) => Promise<number>) | undefined,
+  key: string,
+  revision: number,
+): Promise<boolean> {
+  if (purge) return await purge(key, revision) > 0;
+  try {
+    await kv.purge(key, { previousSeq: revision });
+    return true;
+  } catch (error) {
+    if (isWrongLastSequence(error)) return false;
+    throw error;
+  }
 }

@@ -33,6 +33,7 @@ import { validateOutboxRecord } from "../../core/validate.ts";
 import { decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
 import { type OutboxStatements, outboxStatements } from "./dialects.ts";
 import type { SqlExecutor, SqlRow } from "./executors.ts";
+import { outboxColumnsV2 } from "./schema.ts";
 import {
   checkDialect,
   type ResolvedSqlOutboxTables,
@@ -435,27 +436,13 @@ function copyMessage(message: OutboxMessage): OutboxMessage {
   return copy;
 }
 
-const claimColumns = [
-  "id",
-  "kind",
-  "name",
-  "subject",
-  "payload",
-  "headers",
-  "state",
-  "attempts",
-  "created_at",
-  "updated_at",
-  "seq",
-];
-
 /**
  * A row without one of our columns is a driver set up to rename or reshape rows (postgres.js
  * `transform: postgres.camel`, node:sqlite `returnArrays`), not a corrupt message: fail the claim
  * (the rows stay leased and are claimed again later) instead of dead-lettering every message.
  */
 function checkColumns(row: SqlRow): void {
-  const missing = claimColumns.filter((column) => !(column in row));
+  const missing = outboxColumnsV2.filter((column) => !(column in row));
   if (missing.length > 0) {
     throw new OutboxValidationError(
       "executor",
