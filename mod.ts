@@ -152,14 +152,17 @@ export {
   betterSqlite3Executor,
   nodeSqliteExecutor,
   pgExecutor,
+  type PgExecutorOptions,
   type PgQueryable,
   postgresJsExecutor,
   type PostgresJsExecutorOptions,
   type PostgresJsSql,
   type SqlExecutor,
   type SqliteDatabase,
+  type SqliteExecutorOptions,
   type SqlRow,
 } from "./src/stores/sql/executors.ts";
+export { SqlForeignTransactionError } from "./src/stores/sql/errors.ts";
 export { createPostgresOutboxSchema, createSqliteOutboxSchema } from "./src/stores/sql/schema.ts";
 export {
   getSqlOutboxMigrations,

@@ -66,9 +66,11 @@ export interface SqlOutboxRepositoryOptions {
 
 /**
  * An outbox in a Postgres or SQLite table, over an executor you own. Enqueue through an
- * executor bound to your transaction (postgres.js `tx`, a `pg` client inside `BEGIN`, or the
- * SQLite connection between `BEGIN IMMEDIATE` and `COMMIT`) and the outbox row commits or rolls
- * back with your business rows. Constructing one is cheap (statement texts are cached), so
+ * executor bound to your transaction (postgres.js `tx`, a `pg` client inside `BEGIN`, or on
+ * SQLite the `tx` handle of `executor.transaction(fn)` / `sqliteTransactionRunner`) and the
+ * outbox row commits or rolls back with your business rows. (A SQLite executor never joins a
+ * transaction opened on the connection outside the library, such as a raw
+ * `db.exec("BEGIN IMMEDIATE")`: it waits for it to end; see `SqliteExecutorOptions`.) Constructing one is cheap (statement texts are cached), so
  * create it per transaction.
  *
  * Claims are one statement (Postgres: `FOR UPDATE SKIP LOCKED`), FIFO by enqueue order, and
