@@ -557,7 +557,10 @@ function sqliteConnection(
       `openTransaction must be "wait" or "join", got ${String(options.openTransaction)}`,
     );
   }
-  const timeoutMs = nonNegative("openTransactionTimeoutMs", options.openTransactionTimeoutMs ?? 5_000);
+  const timeoutMs = nonNegative(
+    "openTransactionTimeoutMs",
+    options.openTransactionTimeoutMs ?? 5_000,
+  );
   const direct = (sql: string, params: readonly unknown[]): Promise<SqlRow[]> => {
     try {
       return Promise.resolve(run(sql, params));
