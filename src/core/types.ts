@@ -421,6 +421,16 @@ export interface InboxRepository {
    * handler and records after it succeeded.
    */
   has?(messageId: string, options?: InboxRecordOptions): Promise<boolean>;
+  /**
+   * Whether `record()` writes at once, outside any transaction of the caller (memory, NATS KV:
+   * `true`), so a rolled-back or failed piece of work cannot undo it. `processOnce` and
+   * `consumeWithInbox` then check `has()` before the work and record after it succeeded
+   * (at-least-once: never a lost message). Inboxes whose `record()` joins the caller's
+   * transaction (SQL) leave it unset or `false`.
+   *
+   * @default {false}
+   */
+  readonly recordsImmediately?: boolean;
 }
 
 /**

@@ -8,8 +8,9 @@
  * `onPoison` is called. Long handlers send in-progress acks so JetStream does not redeliver
  * mid-handler. `stop()` waits for the handlers in flight.
  *
- * Inboxes that cannot join the handler's transaction (memory, NATS KV) work without a runner:
- * the id is checked before the handler and recorded after it succeeded. That never loses a
+ * Inboxes that cannot join the handler's transaction (memory, NATS KV: `recordsImmediately`)
+ * work with or without a runner: the id is checked before the handler and recorded after it
+ * succeeded (after the runner's commit, when there is one). That never loses a
  * message, but a crash between the handler's side effects and the record makes the redelivery
  * run the handler again (at-least-once, not exactly-once).
  *
@@ -271,10 +272,14 @@ export async function consumeWithInbox<M extends JetStreamMessageLike, Tx = unde
       "an inbox bound to a transaction needs the `transaction` runner",
     );
   }
-  if (!options.transaction && typeof (options.inbox as InboxRepository).has !== "function") {
+  if (
+    (!options.transaction || (options.inbox as InboxRepository).recordsImmediately === true) &&
+    typeof (options.inbox as InboxRepository).has !== "function"
+  ) {
     throw new OutboxValidationError(
       "inbox",
-      "without a transaction runner the inbox must offer has() (memory and NATS KV inboxes do)",
+      "without a transaction runner, or with an inbox that records immediately, the inbox must " +
+        "offer has() (memory and NATS KV inboxes do)",
     );
   }
   const nak = resolveRetryPolicy({
@@ -377,7 +382,9 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
     let duplicate = false;
     try {
       const options = this.#options;
-      if (options.transaction) {
+      const immediate = typeof options.inbox !== "function" &&
+        options.inbox.recordsImmediately === true;
+      if (options.transaction && !immediate) {
         await options.transaction(async (tx) => {
           const inbox = typeof options.inbox === "function" ? options.inbox(tx) : options.inbox;
           if (!(await inbox.record(messageId, { consumer: this.#scope }))) {
@@ -387,11 +394,20 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
           await options.handler(message, { tx, messageId, deliveryCount });
         });
       } else {
+        // The inbox writes at once (memory, NATS KV): check before the handler, record only
+        // after it succeeded (and after its transaction committed, when there is one), so a
+        // failure or a rollback never leaves the id recorded without the work.
         const inbox = options.inbox as InboxRepository;
         if (await inbox.has!(messageId, { consumer: this.#scope })) {
           duplicate = true;
         } else {
-          await options.handler(message, { tx: undefined as Tx, messageId, deliveryCount });
+          if (options.transaction) {
+            await options.transaction((tx) =>
+              options.handler(message, { tx, messageId, deliveryCount })
+            );
+          } else {
+            await options.handler(message, { tx: undefined as Tx, messageId, deliveryCount });
+          }
           // false here means a concurrent delivery recorded it first: both ran the handler.
           await inbox.record(messageId, { consumer: this.#scope });
         }
