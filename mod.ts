@@ -104,9 +104,9 @@ export {
   type InboxOutcome,
   type InboxProcessResult,
   type JetStreamMessageLike,
-  messageIdOf,
   type PullConsumerLike,
 } from "./src/inbox/consume.ts";
+export { InboxMessageIdError, messageIdOf } from "./src/inbox/message_id.ts";
 export {
   checkInboxRetention,
   InboxRetentionError,

@@ -2,8 +2,8 @@
  * The JetStream side of the inbox: a pull-consumer loop that processes each message once.
  *
  * For every message: open a transaction (through the runner you pass), record the message id
- * (`Nats-Msg-Id`, else `<stream>:<stream sequence>`) in the inbox, run the handler, commit, then
- * ack. A duplicate is acked without running the handler. A handler error rolls back and naks
+ * (`Nats-Msg-Id`, else `<stream>:<sequence>:<stored ns>`, see `messageIdOf`) in the inbox, run
+ * the handler, commit, then ack. A duplicate is acked without running the handler. A handler error rolls back and naks
  * with backoff; once the consumer's `max_deliver` is reached the message is terminated and
  * `onPoison` is called. Long handlers send in-progress acks so JetStream does not redeliver
  * mid-handler. `stop()` waits for the handlers in flight.
@@ -20,7 +20,7 @@
 import { OutboxValidationError } from "../core/errors.ts";
 import { positiveInteger } from "../core/limits.ts";
 import { backoffCeilingMs, type ResolvedRetryPolicy, resolveRetryPolicy } from "../core/retry.ts";
-import { outboxHeaders } from "../core/events.ts";
+import { messageIdOf } from "./message_id.ts";
 import type { InboxRepository, TransactionRunner } from "../core/types.ts";
 import {
   checkInboxRetention,
@@ -47,7 +47,11 @@ export interface JetStreamMessageLike {
     readonly stream: string;
     readonly streamSequence: number;
     readonly deliveryCount: number;
+    /** When the stream stored the message (ns since the epoch; nats.js parses it lossily). */
+    readonly timestampNanos?: number;
   };
+  /** When the stream stored the message, exactly (nats.js `JsMsg#timestampNanos`). */
+  readonly timestampNanos?: bigint;
   /** Acknowledges processing. */
   ack(): void;
   /** Asks for redelivery after `millis`. */
@@ -376,11 +380,12 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
   }
 
   async #handle(message: M): Promise<InboxProcessResult> {
-    const messageId = messageIdOf(message);
     const deliveryCount = message.info.deliveryCount;
     const heartbeat = setInterval(() => message.working(), this.#heartbeatMs);
     let duplicate = false;
+    let messageId = "";
     try {
+      messageId = messageIdOf(message);
       const options = this.#options;
       const immediate = typeof options.inbox !== "function" &&
         options.inbox.recordsImmediately === true;
@@ -456,22 +461,4 @@ function guard(fn: () => void): void {
   } catch {
     // Hooks must not break the loop.
   }
-}
-
-/**
- * The id a JetStream message is recorded under: its `Nats-Msg-Id` header (any case), else
- * `<stream>:<stream sequence>`, which is unique per stream.
- *
- * @example
- * ```ts
- * import type { JsMsg } from "@nats-io/jetstream";
- * import { messageIdOf } from "@outbox/nats";
- * const idOf = (message: JsMsg): string => messageIdOf(message);
- * ```
- */
-export function messageIdOf(message: JetStreamMessageLike): string {
-  const headers = message.headers;
-  const id = headers?.get(outboxHeaders.messageId) ||
-    headers?.get(outboxHeaders.messageId.toLowerCase());
-  return id || `${message.info.stream}:${message.info.streamSequence}`;
 }
