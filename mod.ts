@@ -41,6 +41,7 @@ export type {
   OutboxClaimOptions,
   OutboxDeadLetter,
   OutboxDeliveryOptions,
+  OutboxEnqueueOptions,
   OutboxFailure,
   OutboxListDeadOptions,
   OutboxMark,
@@ -74,7 +75,11 @@ export {
   validateOutboxRecord,
   validateSubject,
 } from "./src/core/validate.ts";
-export { assertOutboxIdentity, sameOutboxContent } from "./src/core/identity.ts";
+export {
+  assertOutboxIdentity,
+  defaultContextHeaders,
+  sameOutboxContent,
+} from "./src/core/identity.ts";
 export {
   outboxHeaders,
   outboxMessageToPreparedEvent,

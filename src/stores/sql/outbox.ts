@@ -19,6 +19,7 @@ import type {
   OutboxClaim,
   OutboxClaimOptions,
   OutboxDeadLetter,
+  OutboxEnqueueOptions,
   OutboxFailure,
   OutboxListDeadOptions,
   OutboxMark,
@@ -126,7 +127,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /** Stores a record as `pending` (one statement); see {@linkcode OutboxRepository.enqueue}. */
-  async enqueue(record: OutboxRecord): Promise<OutboxMessage> {
+  async enqueue(record: OutboxRecord, options: OutboxEnqueueOptions = {}): Promise<OutboxMessage> {
     const valid = validateOutboxRecord(record);
     const now = new Date().toISOString();
     const params: unknown[] = [
@@ -143,7 +144,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     if (inserted) return decodeOutboxRow(inserted);
     const existing = await this.get(valid.id);
     if (!existing) throw new OutboxStorageConflictError(valid.id);
-    assertOutboxIdentity(existing, valid);
+    assertOutboxIdentity(existing, valid, options.contextHeaders);
     return existing;
   }
 
@@ -154,16 +155,19 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
    * content, racing this call, can leave the batch's other records inserted; inside a
    * transaction the error rolls them back with it.)
    */
-  async enqueueMany(records: readonly OutboxRecord[]): Promise<OutboxMessage[]> {
+  async enqueueMany(
+    records: readonly OutboxRecord[],
+    options: OutboxEnqueueOptions = {},
+  ): Promise<OutboxMessage[]> {
     const valid = records.map(validateOutboxRecord);
     const firsts = new Map<string, OutboxRecord>();
     for (const record of valid) {
       const earlier = firsts.get(record.id);
-      if (earlier) assertOutboxIdentity(earlier, record);
+      if (earlier) assertOutboxIdentity(earlier, record, options.contextHeaders);
       else firsts.set(record.id, record);
     }
     if (firsts.size === 0) return [];
-    if (valid.length === 1) return [await this.enqueue(valid[0])];
+    if (valid.length === 1) return [await this.enqueue(valid[0], options)];
     const stored = new Map<string, OutboxMessage>();
     let pending = [...firsts.values()];
     // Round 1 inserts everything unless some id exists; then those are compared, and round 2
@@ -192,7 +196,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       ]);
       for (const row of rows) {
         const message = decodeOutboxRow(row);
-        assertOutboxIdentity(message, firsts.get(message.id)!);
+        assertOutboxIdentity(message, firsts.get(message.id)!, options.contextHeaders);
         stored.set(message.id, message);
       }
       pending = missing.filter((record) => !stored.has(record.id));
