@@ -440,7 +440,7 @@ export function nodeSqliteExecutor(
     (sql) => db.exec ? db.exec(sql) : cachedStatement(db, sql).all(...([] as never[])),
     () => db.isTransaction ?? db.inTransaction ?? false,
     options,
-    "node:sqlite",
+    "SQLite",
   );
 }
 
@@ -482,7 +482,7 @@ export function betterSqlite3Executor(
     (sql) => db.exec(sql),
     () => db.inTransaction,
     options,
-    "better-sqlite3",
+    "SQLite",
   );
 }
 
