@@ -37,6 +37,8 @@ export type {
   InboxRepository,
   JsonValue,
   OutboxAdmin,
+  OutboxBlockedKey,
+  OutboxBlockedKeysOptions,
   OutboxClaim,
   OutboxClaimOptions,
   OutboxDeadLetter,
@@ -55,6 +57,7 @@ export type {
   OutboxRuntime,
   OutboxState,
   OutboxStats,
+  OutboxUnblockKeyOptions,
   PreparedEvent,
   PreparedEventHeader,
   TransactionRunner,
@@ -69,9 +72,11 @@ export {
   OutboxValidationError,
 } from "./src/core/errors.ts";
 export {
+  maxOrderingKeyLength,
   maxOutboxIdBytes,
   maxSubjectBytes,
   outboxRecordKinds,
+  validateOrderingKey,
   validateOutboxRecord,
   validateSubject,
 } from "./src/core/validate.ts";

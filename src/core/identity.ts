@@ -37,8 +37,8 @@ function contentHeaders(headers: Record<string, string>, context: ReadonlySet<st
 }
 
 /**
- * Whether two records have the same immutable content (kind, name, subject, payload and
- * headers; header order does not matter, and context headers are not content: the trace-context
+ * Whether two records have the same immutable content (kind, name, subject, payload, ordering
+ * key and headers; header order does not matter, and context headers are not content: the trace-context
  * headers `traceparent` and `tracestate`, plus `contextHeaders`, case-insensitively, such as the
  * fields of a B3 or Jaeger propagator or `baggage`).
  *
@@ -56,7 +56,8 @@ export function sameOutboxContent(
   contextHeaders?: Iterable<string>,
 ): boolean {
   if (
-    a.kind !== b.kind || a.name !== b.name || a.subject !== b.subject || a.payload !== b.payload
+    a.kind !== b.kind || a.name !== b.name || a.subject !== b.subject ||
+    a.payload !== b.payload || (a.orderingKey ?? null) !== (b.orderingKey ?? null)
   ) {
     return false;
   }

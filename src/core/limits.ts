@@ -63,3 +63,15 @@ export function checkedBatchSize(batchSize: number | undefined, field = "batchSi
   }
   return value;
 }
+
+/** Checks `options.action` of an `unblockKey` call. Internal. */
+export function checkedUnblockAction(options: { action?: unknown } | undefined): "retry" | "skip" {
+  const action = options?.action;
+  if (action !== "retry" && action !== "skip") {
+    throw new OutboxValidationError(
+      "action",
+      `unblockKey action must be "retry" or "skip", got ${JSON.stringify(action)}`,
+    );
+  }
+  return action;
+}

@@ -80,6 +80,15 @@ export interface OutboxRecord {
   payload: string;
   /** NATS headers published with the message. */
   headers: Record<string, string>;
+  /**
+   * Messages with the same ordering key reach the broker in enqueue order, one at a time,
+   * whichever dispatcher (in whichever process) relays them: a message is never published while
+   * an earlier message of its key is unsettled (pending, claimed or failed), and a key whose
+   * oldest message went `dead` is blocked (its later messages wait) until an operator unblocks
+   * it ({@linkcode OutboxAdmin.unblockKey}). Messages without a key are independent. A non-empty
+   * string of at most 256 characters, checked like ids (see the README, "Ordering keys").
+   */
+  orderingKey?: string;
 }
 
 /**
@@ -387,6 +396,65 @@ export interface OutboxListDeadOptions {
 }
 
 /**
+ * A blocked ordering key, from {@linkcode OutboxAdmin.blockedKeys}: its oldest unsettled message
+ * (the head) went `dead`, so its later messages wait.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxBlockedKey } from "@outbox/nats";
+ * const blocked: OutboxBlockedKey = {
+ *   key: "order-42", headId: "order-42-paid", since: "2026-01-01T00:00:00.000Z",
+ *   lastError: "permanent: no stream", waiting: 3,
+ * };
+ * ```
+ */
+export interface OutboxBlockedKey {
+  /** The ordering key. */
+  key: string;
+  /** The dead message that blocks the key. */
+  headId: string;
+  /** When the head went `dead` (its `updatedAt`). */
+  since: string;
+  /** Why the head went `dead`. */
+  lastError?: string;
+  /** How many later messages of the key wait behind the head. */
+  waiting: number;
+}
+
+/**
+ * Options for {@linkcode OutboxAdmin.blockedKeys}.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxBlockedKeysOptions } from "@outbox/nats";
+ * const options: OutboxBlockedKeysOptions = { limit: 20 };
+ * ```
+ */
+export interface OutboxBlockedKeysOptions {
+  /** Maximum number of keys returned, longest blocked first. @default {100} */
+  limit?: number;
+}
+
+/**
+ * What {@linkcode OutboxAdmin.unblockKey} does with a blocked key's dead head.
+ *
+ * - `retry`: requeue the head (`pending`, attempts reset); the key resumes with it.
+ * - `skip`: leave the head `dead` (listed by `listDead`) and release the next message of the key.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxUnblockKeyOptions } from "@outbox/nats";
+ * const options: OutboxUnblockKeyOptions = { action: "skip" };
+ * ```
+ */
+export interface OutboxUnblockKeyOptions {
+  /** `retry` the dead head, or `skip` it. */
+  action: "retry" | "skip";
+  /** The time recorded on the changed messages. @default {new Date()} */
+  now?: Date;
+}
+
+/**
  * Retention and administration, offered by every store next to {@linkcode OutboxRepository}.
  *
  * @example
@@ -410,6 +478,14 @@ export interface OutboxAdmin {
    * Ids that are unknown or not dead are ignored. Returns how many messages changed.
    */
   requeue(ids: readonly string[], now?: Date): Promise<number>;
+  /** Lists blocked ordering keys (keys whose head is `dead`), longest blocked first. */
+  blockedKeys(options?: OutboxBlockedKeysOptions): Promise<OutboxBlockedKey[]>;
+  /**
+   * Unblocks an ordering key: `retry` requeues its dead head, `skip` leaves the head `dead` and
+   * releases the next message of the key. Resolves `true` when the key was blocked and is no
+   * longer; `false` when it was not blocked (unknown key, or its head is not dead).
+   */
+  unblockKey(key: string, options: OutboxUnblockKeyOptions): Promise<boolean>;
 }
 
 /**

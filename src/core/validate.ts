@@ -45,6 +45,17 @@ export const maxOutboxIdBytes = 2048;
  */
 export const maxSubjectBytes = 1024;
 
+/**
+ * Longest accepted ordering key, in characters (UTF-16 code units, as `String#length`).
+ *
+ * @example
+ * ```ts
+ * import { maxOrderingKeyLength } from "@outbox/nats";
+ * console.log(maxOrderingKeyLength); // 256
+ * ```
+ */
+export const maxOrderingKeyLength = 256;
+
 // deno-lint-ignore no-control-regex
 const controlOrSpace = /[\u0000-\u0020\u007f]/;
 const headerName = /^[!-9;-~]+$/;
@@ -107,7 +118,45 @@ export function validateOutboxRecord(record: unknown): OutboxRecord {
   const subject = validateSubject(input.subject);
   const payload = requireText("payload", input.payload);
   const headers = validateHeaders(input.headers, id);
-  return { id, kind: kind as OutboxRecordKind, name, subject, payload, headers };
+  const valid: OutboxRecord = { id, kind: kind as OutboxRecordKind, name, subject, payload, headers };
+  if (input.orderingKey !== undefined) valid.orderingKey = validateOrderingKey(input.orderingKey);
+  return valid;
+}
+
+/**
+ * Checks an ordering key and returns it: a non-empty string of at most
+ * {@linkcode maxOrderingKeyLength} characters, without NUL, CR or LF, without leading or trailing
+ * whitespace, well-formed Unicode. Throws {@linkcode OutboxValidationError} (field `orderingKey`)
+ * otherwise.
+ *
+ * @example
+ * ```ts
+ * import { validateOrderingKey } from "@outbox/nats";
+ * validateOrderingKey("order-42"); // ok
+ * // validateOrderingKey("") throws OutboxValidationError
+ * ```
+ */
+export function validateOrderingKey(key: unknown, field = "orderingKey"): string {
+  const text = requireText(field, key);
+  if (text.length === 0) {
+    throw new OutboxValidationError(field, "Ordering key must not be empty");
+  }
+  if (text.length > maxOrderingKeyLength) {
+    throw new OutboxValidationError(
+      field,
+      `Ordering key is longer than ${maxOrderingKeyLength} characters`,
+    );
+  }
+  if (/[\r\n]/.test(text)) {
+    throw new OutboxValidationError(field, "Ordering key must not contain CR or LF");
+  }
+  if (text.trim() !== text) {
+    throw new OutboxValidationError(
+      field,
+      "Ordering key must not start or end with whitespace",
+    );
+  }
+  return text;
 }
 
 /**

@@ -14,6 +14,7 @@ import type {
   OutboxRecord,
   OutboxRepository,
 } from "../../mod.ts";
+import { orderingCases } from "./ordering_cases.ts";
 
 /** An outbox store under test: repository plus administration. */
 export type OutboxStore = OutboxRepository & OutboxAdmin;
@@ -619,4 +620,5 @@ export const conformanceCases: readonly ConformanceCase[] = [
       assert.equal(await inbox.record("new-1", t0), false);
     },
   },
+  ...orderingCases,
 ];

@@ -10,6 +10,8 @@ import { addMs } from "../../core/time.ts";
 import type {
   JsonValue,
   OutboxAdmin,
+  OutboxBlockedKey,
+  OutboxBlockedKeysOptions,
   OutboxClaim,
   OutboxClaimOptions,
   OutboxDeadLetter,
@@ -23,9 +25,16 @@ import type {
   OutboxRecord,
   OutboxRepository,
   OutboxStats,
+  OutboxUnblockKeyOptions,
 } from "../../core/types.ts";
-import { validateOutboxRecord } from "../../core/validate.ts";
-import { checkedBatchSize, checkedDate, checkedLeaseMs, checkedLimit } from "../../core/limits.ts";
+import { validateOrderingKey, validateOutboxRecord } from "../../core/validate.ts";
+import {
+  checkedBatchSize,
+  checkedDate,
+  checkedLeaseMs,
+  checkedLimit,
+  checkedUnblockAction,
+} from "../../core/limits.ts";
 
 interface Entry {
   seq: number;
@@ -56,6 +65,11 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
   #active = new Map<string, Entry>();
   #dispatched = new Map<string, Entry>();
   #dead = new Map<string, Entry>();
+  /**
+   * Per ordering key: its unsettled messages in enqueue order. The first is the key's head, the
+   * only one a claim may take; a dead head stays first and blocks the key.
+   */
+  #keys = new Map<string, Entry[]>();
   #seq = 0;
 
   /** Stores a record as `pending`; see {@linkcode OutboxRepository.enqueue}. */
@@ -108,6 +122,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
         if (claimed.length >= max) break;
         const message = entry.message;
         if (message.nextAttemptAt !== undefined && message.nextAttemptAt > nowIso) continue;
+        if (!this.#isHead(entry)) continue;
         message.state = "claimed";
         message.attempts += 1;
         message.updatedAt = nowIso;
@@ -159,7 +174,8 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       if (!before) continue;
       const cutoff = before.toISOString();
       const ids = [...map.values()]
-        .filter((entry) => entry.message.updatedAt < cutoff)
+        // A dead head blocks its key: it stays until an operator unblocks the key.
+        .filter((entry) => entry.message.updatedAt < cutoff && !this.#isBlockingHead(entry))
         .map((entry) => entry.message.id);
       for (let start = 0; start < ids.length; start += batchSize) {
         const batch = ids.slice(start, start + batchSize);
@@ -168,7 +184,8 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
           removed = 0;
           for (const id of batch) {
             // Only if it is still there: a requeue between batches took it back.
-            if (map.delete(id)) {
+            const entry = map.get(id);
+            if (entry && !this.#isBlockingHead(entry) && map.delete(id)) {
               this.#all.delete(id);
               removed += 1;
             }
@@ -193,9 +210,13 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       dead: this.#dead.size,
       due: 0,
     };
-    for (const { message } of this.#active.values()) {
+    for (const entry of this.#active.values()) {
+      const message = entry.message;
       stats[message.state as "pending" | "claimed" | "failed"] += 1;
-      if (message.nextAttemptAt === undefined || message.nextAttemptAt <= nowIso) {
+      if (
+        (message.nextAttemptAt === undefined || message.nextAttemptAt <= nowIso) &&
+        this.#isHead(entry)
+      ) {
         stats.due += 1;
         if (
           stats.oldestDueCreatedAt === undefined || message.createdAt < stats.oldestDueCreatedAt
@@ -234,6 +255,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       message.updatedAt = now.toISOString();
       delete message.nextAttemptAt;
       this.#active.set(id, entry);
+      this.#rejoinKey(entry);
       changed += 1;
     }
     if (changed > 0) {
@@ -241,6 +263,80 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       this.#active = new Map([...this.#active].sort(([, a], [, b]) => a.seq - b.seq));
     }
     return Promise.resolve(changed);
+  }
+
+  /** Lists blocked ordering keys (dead heads), longest blocked first. */
+  blockedKeys(options: OutboxBlockedKeysOptions = {}): Promise<OutboxBlockedKey[]> {
+    try {
+      const limit = checkedLimit(options.limit ?? 100);
+      const blocked: OutboxBlockedKey[] = [];
+      for (const [key, queue] of this.#keys) {
+        const head = queue[0].message;
+        if (head.state !== "dead") continue;
+        const item: OutboxBlockedKey = {
+          key,
+          headId: head.id,
+          since: head.updatedAt,
+          waiting: queue.length - 1,
+        };
+        if (head.lastError !== undefined) item.lastError = head.lastError;
+        blocked.push(item);
+      }
+      blocked.sort((a, b) => a.since < b.since ? -1 : a.since > b.since ? 1 : 0);
+      return Promise.resolve(blocked.slice(0, limit));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
+  /** Retries or skips the dead head of a blocked key; `false` when the key is not blocked. */
+  async unblockKey(key: string, options: OutboxUnblockKeyOptions): Promise<boolean> {
+    const valid = validateOrderingKey(key, "key");
+    const action = checkedUnblockAction(options);
+    const now = options.now ?? new Date();
+    checkedDate(now, "now");
+    const head = this.#keys.get(valid)?.[0];
+    if (!head || head.message.state !== "dead") return false;
+    if (action === "retry") return (await this.requeue([head.message.id], now)) === 1;
+    head.message.updatedAt = now.toISOString();
+    this.#leaveKey(head);
+    return true;
+  }
+
+  /** Whether a claim may take `entry` as far as ordering goes. */
+  #isHead(entry: Entry): boolean {
+    const key = entry.message.orderingKey;
+    return key === undefined || this.#keys.get(key)?.[0] === entry;
+  }
+
+  /** Whether `entry` is a dead head that blocks its key. */
+  #isBlockingHead(entry: Entry): boolean {
+    const key = entry.message.orderingKey;
+    return key !== undefined && entry.message.state === "dead" &&
+      this.#keys.get(key)?.[0] === entry;
+  }
+
+  /** Removes a settled (dispatched or skipped) entry from its key; the next becomes head. */
+  #leaveKey(entry: Entry): void {
+    const key = entry.message.orderingKey;
+    if (key === undefined) return;
+    const queue = this.#keys.get(key);
+    const index = queue?.indexOf(entry) ?? -1;
+    if (!queue || index < 0) return;
+    queue.splice(index, 1);
+    if (queue.length === 0) this.#keys.delete(key);
+  }
+
+  /**
+   * A requeued entry that had left its key (it was skipped) comes back as the next message of
+   * the key, right after the current head; one that never left (a dead head) stays head.
+   */
+  #rejoinKey(entry: Entry): void {
+    const key = entry.message.orderingKey;
+    if (key === undefined) return;
+    const queue = this.#keys.get(key);
+    if (!queue) this.#keys.set(key, [entry]);
+    else if (!queue.includes(entry)) queue.splice(1, 0, entry);
   }
 
   /**
@@ -277,6 +373,11 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
     const entry = { seq: ++this.#seq, message };
     this.#all.set(record.id, entry);
     this.#active.set(record.id, entry);
+    if (message.orderingKey !== undefined) {
+      const queue = this.#keys.get(message.orderingKey);
+      if (queue) queue.push(entry);
+      else this.#keys.set(message.orderingKey, [entry]);
+    }
     return copy(message);
   }
 
@@ -303,6 +404,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
         delete message.lastError;
         if (mark.outcome !== undefined) message.outcome = cloneJson(mark.outcome);
         this.#move(entry, this.#dispatched);
+        this.#leaveKey(entry);
         break;
       case "failed":
         message.nextAttemptAt = nextAttemptAt;
