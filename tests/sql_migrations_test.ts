@@ -49,10 +49,11 @@ Deno.test("version 1 artifacts are byte-identical to the reference's", () => {
 Deno.test("artifacts are frozen, versioned and checksummed", () => {
   for (const dialect of ["postgres", "sqlite"] as const) {
     const migrations = getSqlOutboxMigrations({ dialect });
-    assert.deepEqual(migrations.map((m) => m.version), [1, 2]);
+    assert.deepEqual(migrations.map((m) => m.version), [1, 2, 3]);
     assert.deepEqual(migrations.map((m) => m.id), [
       `trellis_sql_outbox_inbox_${dialect}_v1`,
       `trellis_sql_outbox_inbox_${dialect}_v2`,
+      `trellis_sql_outbox_inbox_${dialect}_v3`,
     ]);
     for (const migration of migrations) {
       assert.ok(Object.isFrozen(migration) && Object.isFrozen(migration.up));
@@ -181,8 +182,11 @@ for (const dialect of dialects) {
       const result = await migrate(executor, { dialect, tables });
       assert.deepEqual(result, {
         from: 1,
-        to: 2,
-        applied: [`trellis_sql_outbox_inbox_${dialect}_v2`],
+        to: 3,
+        applied: [
+          `trellis_sql_outbox_inbox_${dialect}_v2`,
+          `trellis_sql_outbox_inbox_${dialect}_v3`,
+        ],
         reverted: [],
         adopted: true,
       });
@@ -248,8 +252,8 @@ for (const dialect of dialects) {
 
       // Idempotent.
       assert.deepEqual(await migrate(executor, { dialect, tables }), {
-        from: 2,
-        to: 2,
+        from: 3,
+        to: 3,
         applied: [],
         reverted: [],
         adopted: false,
@@ -259,13 +263,14 @@ for (const dialect of dialects) {
     }
   });
 
-  Deno.test(`${dialect}: migrate on an empty database applies v1 and v2 and records them`, async () => {
+  Deno.test(`${dialect}: migrate on an empty database applies v1, v2 and v3 and records them`, async () => {
     const db = await openDb(dialect);
     try {
       const result = await migrate(db.executor, { dialect, tables: db.tables });
       assert.deepEqual(result.applied, [
         `trellis_sql_outbox_inbox_${dialect}_v1`,
         `trellis_sql_outbox_inbox_${dialect}_v2`,
+        `trellis_sql_outbox_inbox_${dialect}_v3`,
       ]);
       assert.equal(result.adopted, false);
       const rows = await db.executor.query(
@@ -297,7 +302,7 @@ for (const dialect of dialects) {
       const columns = await columnNames(db, db.tables.outbox);
       assert.ok(columns.includes("seq"), "the refused downgrade changed nothing");
       await db.executor.query(
-        `UPDATE ${db.tables.outbox}_migrations SET version = 3 WHERE version = 2`,
+        `UPDATE ${db.tables.outbox}_migrations SET version = version + 2 WHERE version >= 2`,
         [],
       );
       await assert.rejects(migrate(db.executor, { dialect, tables: db.tables }), {
@@ -326,7 +331,7 @@ for (const dialect of dialects) {
     }
   });
 
-  Deno.test(`${dialect}: the fresh schema DDL equals v1+v2 migrated and is adopted as v2`, async () => {
+  Deno.test(`${dialect}: the fresh schema DDL equals v1..v3 migrated and is adopted as v3`, async () => {
     const migrated = await openDb(dialect);
     const fresh = await openDb(dialect);
     try {
@@ -339,7 +344,7 @@ for (const dialect of dialects) {
       }
       assert.deepEqual(await catalog(fresh), await catalog(migrated));
       const result = await migrate(fresh.executor, { dialect, tables: fresh.tables });
-      assert.deepEqual(result, { from: 2, to: 2, applied: [], reverted: [], adopted: true });
+      assert.deepEqual(result, { from: 3, to: 3, applied: [], reverted: [], adopted: true });
     } finally {
       await migrated.close();
       await fresh.close();
@@ -372,7 +377,10 @@ for (const dialect of dialects) {
 
       await executor.query(`DELETE FROM ${tables.inbox} WHERE consumer = 'billing'`, []);
       const result = await migrate(executor, { dialect, tables, to: 1 });
-      assert.deepEqual(result.reverted, [`trellis_sql_outbox_inbox_${dialect}_v2`]);
+      assert.deepEqual(result.reverted, [
+        `trellis_sql_outbox_inbox_${dialect}_v3`,
+        `trellis_sql_outbox_inbox_${dialect}_v2`,
+      ]);
       assert.deepEqual(
         new Set(await columnNames(db, tables.outbox)),
         new Set(
@@ -398,6 +406,7 @@ for (const dialect of dialects) {
       // And up again.
       assert.deepEqual((await migrate(executor, { dialect, tables })).applied, [
         `trellis_sql_outbox_inbox_${dialect}_v2`,
+        `trellis_sql_outbox_inbox_${dialect}_v3`,
       ]);
       assert.equal((await outbox.get("c"))?.state, "pending");
     } finally {
@@ -413,8 +422,8 @@ Deno.test("postgres: concurrent migrate calls serialise on the advisory lock", a
       migrate(db.executor, { dialect: "postgres", tables: db.tables }),
       migrate(db.other, { dialect: "postgres", tables: db.tables }),
     ]);
-    assert.deepEqual(results.map((r) => r.applied.length).sort(), [0, 2]);
-    assert.deepEqual(results.map((r) => r.to), [2, 2]);
+    assert.deepEqual(results.map((r) => r.applied.length).sort(), [0, 3]);
+    assert.deepEqual(results.map((r) => r.to), [3, 3]);
   } finally {
     await db.close();
   }

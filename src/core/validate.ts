@@ -118,7 +118,14 @@ export function validateOutboxRecord(record: unknown): OutboxRecord {
   const subject = validateSubject(input.subject);
   const payload = requireText("payload", input.payload);
   const headers = validateHeaders(input.headers, id);
-  const valid: OutboxRecord = { id, kind: kind as OutboxRecordKind, name, subject, payload, headers };
+  const valid: OutboxRecord = {
+    id,
+    kind: kind as OutboxRecordKind,
+    name,
+    subject,
+    payload,
+    headers,
+  };
   if (input.orderingKey !== undefined) valid.orderingKey = validateOrderingKey(input.orderingKey);
   return valid;
 }

@@ -38,6 +38,8 @@ export interface ConformanceHarness {
   name: string;
   /** Whether fixtures can damage stored data (`ConformanceFixture.corrupt`). */
   canCorrupt: boolean;
+  /** `false` for a store that refuses ordering keys (its ordering cases are skipped). */
+  orderingKeys?: boolean;
   open(): Promise<ConformanceFixture>;
 }
 
@@ -45,7 +47,7 @@ export interface ConformanceHarness {
 export interface ConformanceCase {
   name: string;
   /** A capability the case needs; harnesses without it skip (ignore) the case. */
-  requires?: "corrupt";
+  requires?: "corrupt" | "orderingKeys";
   run(fixture: ConformanceFixture): Promise<void>;
 }
 

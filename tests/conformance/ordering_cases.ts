@@ -11,7 +11,10 @@ import type { ConformanceCase, ConformanceFixture, OutboxStore } from "./cases.t
 
 let counter = 0;
 
-function keyed(orderingKey: string | undefined, overrides: Partial<OutboxRecord> = {}): OutboxRecord {
+function keyed(
+  orderingKey: string | undefined,
+  overrides: Partial<OutboxRecord> = {},
+): OutboxRecord {
   counter += 1;
   const record: OutboxRecord = {
     id: `ord-${counter}-${Math.random().toString(36).slice(2, 8)}`,
@@ -49,6 +52,7 @@ function stores(fixture: ConformanceFixture): OutboxStore[] {
 /** The ordering-key cases. */
 export const orderingCases: readonly ConformanceCase[] = [
   {
+    requires: "orderingKeys",
     name: "ordering keys are validated, stored, and part of a message's identity",
     async run({ outbox }) {
       const r = keyed("order-42");
@@ -85,6 +89,7 @@ export const orderingCases: readonly ConformanceCase[] = [
     },
   },
   {
+    requires: "orderingKeys",
     name: "a key's messages are claimed one at a time in enqueue order; other keys flow",
     async run({ outbox }) {
       const k1 = uniqueKey("k1");
@@ -112,6 +117,7 @@ export const orderingCases: readonly ConformanceCase[] = [
     },
   },
   {
+    requires: "orderingKeys",
     name: "a failed head holds its key until it is dispatched",
     async run({ outbox }) {
       const k = uniqueKey("k");
@@ -121,7 +127,11 @@ export const orderingCases: readonly ConformanceCase[] = [
       const [claim] = await outbox.claimDue(10, t0);
       assert.equal(claim.id, a.id);
       assert.equal(
-        await outbox.markFailed(claim, { error: "nope", now: at(t0, 1), nextAttemptAt: at(t0, 5_000) }),
+        await outbox.markFailed(claim, {
+          error: "nope",
+          now: at(t0, 1),
+          nextAttemptAt: at(t0, 5_000),
+        }),
         true,
       );
       assert.deepEqual(await outbox.claimDue(10, at(t0, 1_000)), []);
@@ -133,6 +143,7 @@ export const orderingCases: readonly ConformanceCase[] = [
     },
   },
   {
+    requires: "orderingKeys",
     name: "an expired lease re-claims the head, never the next message of its key",
     async run({ outbox }) {
       const k = uniqueKey("k");
@@ -150,6 +161,7 @@ export const orderingCases: readonly ConformanceCase[] = [
     },
   },
   {
+    requires: "orderingKeys",
     name: "a dead head blocks its key, is listed by blockedKeys, and the other keys flow",
     async run({ outbox }) {
       const k1 = uniqueKey("blocked");
@@ -189,6 +201,7 @@ export const orderingCases: readonly ConformanceCase[] = [
     },
   },
   {
+    requires: "orderingKeys",
     name: "unblockKey retry requeues the dead head and the key resumes in order",
     async run({ outbox }) {
       const k = uniqueKey("k");
@@ -211,6 +224,7 @@ export const orderingCases: readonly ConformanceCase[] = [
     },
   },
   {
+    requires: "orderingKeys",
     name: "unblockKey skip leaves the head dead and releases the next; requeue brings it back next",
     async run({ outbox }) {
       const k = uniqueKey("k");
@@ -237,6 +251,7 @@ export const orderingCases: readonly ConformanceCase[] = [
     },
   },
   {
+    requires: "orderingKeys",
     name: "a key drained to the end takes its next message at once; skipping the last head too",
     async run({ outbox }) {
       const k = uniqueKey("k");
@@ -257,6 +272,7 @@ export const orderingCases: readonly ConformanceCase[] = [
     },
   },
   {
+    requires: "orderingKeys",
     name: "prune keeps the dead head of a blocked key until it is unblocked",
     async run({ outbox }) {
       const k = uniqueKey("k");
@@ -278,6 +294,7 @@ export const orderingCases: readonly ConformanceCase[] = [
     },
   },
   {
+    requires: "orderingKeys",
     name: "concurrent claimers never hold two messages of one key, and each key keeps its order",
     async run(fixture) {
       const claimers = stores(fixture);

@@ -29,12 +29,15 @@ import {
   checkedDate,
   checkedLeaseMs,
   checkedLimit,
+  checkedUnblockAction,
   nonNegative,
 } from "../../core/limits.ts";
 import { addMs } from "../../core/time.ts";
 import type {
   JsonValue,
   OutboxAdmin,
+  OutboxBlockedKey,
+  OutboxBlockedKeysOptions,
   OutboxClaim,
   OutboxClaimOptions,
   OutboxDeadLetter,
@@ -48,8 +51,9 @@ import type {
   OutboxRecord,
   OutboxRepository,
   OutboxStats,
+  OutboxUnblockKeyOptions,
 } from "../../core/types.ts";
-import { validateOutboxRecord } from "../../core/validate.ts";
+import { validateOrderingKey, validateOutboxRecord } from "../../core/validate.ts";
 import { type ActiveEntry, ActiveIndex, type ActiveWork } from "./active_index.ts";
 import { isWrongLastSequence } from "./errors.ts";
 import { decodeToken, markerKeyOf, outboxRecordKey, recordPrefix, tokenOf } from "./keys.ts";
@@ -201,7 +205,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 
   /** Stores a record as `pending`; see {@linkcode OutboxRepository.enqueue}. */
   async enqueue(record: OutboxRecord, options: OutboxEnqueueOptions = {}): Promise<OutboxMessage> {
-    const valid = validateOutboxRecord(record);
+    const valid = refuseOrderingKey(validateOutboxRecord(record));
     const prepared = this.#prepare(valid, new Date());
     return await this.#store(valid, prepared, undefined, options.contextHeaders);
   }
@@ -215,7 +219,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     records: readonly OutboxRecord[],
     options: OutboxEnqueueOptions = {},
   ): Promise<OutboxMessage[]> {
-    const valid = records.map(validateOutboxRecord);
+    const valid = records.map((record) => refuseOrderingKey(validateOutboxRecord(record)));
     if (valid.length === 0) return [];
     const first = new Map<string, OutboxRecord>();
     for (const record of valid) {
@@ -496,6 +500,27 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       });
     });
     return dead.sort((a, b) => a.order - b.order).slice(0, limit).map((item) => item.message);
+  }
+
+  /** Ordering keys are not supported by this store yet, so no key is ever blocked: `[]`. */
+  blockedKeys(options: OutboxBlockedKeysOptions = {}): Promise<OutboxBlockedKey[]> {
+    try {
+      checkedLimit(options.limit ?? 100);
+      return Promise.resolve([]);
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
+  /** Ordering keys are not supported by this store yet, so no key is ever blocked: `false`. */
+  unblockKey(key: string, options: OutboxUnblockKeyOptions): Promise<boolean> {
+    try {
+      validateOrderingKey(key, "key");
+      checkedUnblockAction(options);
+      return Promise.resolve(false);
+    } catch (error) {
+      return Promise.reject(error);
+    }
   }
 
   /**
@@ -992,4 +1017,15 @@ function applyMark(
       break;
   }
   return next;
+}
+
+/** This store does not keep per-key order yet: a keyed record is refused before anything is stored. */
+function refuseOrderingKey(record: OutboxRecord): OutboxRecord {
+  if (record.orderingKey !== undefined) {
+    throw new OutboxValidationError(
+      "orderingKey",
+      "the NATS KV outbox does not support ordering keys yet; use the SQL or memory outbox for keyed messages",
+    );
+  }
+  return record;
 }

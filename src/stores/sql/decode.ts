@@ -46,6 +46,10 @@ export function decodeOutboxRow(row: SqlRow): OutboxMessage {
   if (row.last_error !== null && row.last_error !== undefined) {
     message.lastError = text(row.last_error) ?? fail(`last_error is ${describe(row.last_error)}`);
   }
+  if (row.ordering_key !== null && row.ordering_key !== undefined) {
+    message.orderingKey = text(row.ordering_key) ??
+      fail(`ordering_key is ${describe(row.ordering_key)}`);
+  }
   if (row.outcome !== null && row.outcome !== undefined) {
     const outcome = decodeJson(row.outcome, "outcome", fail);
     message.outcome = typeof outcome === "string" ? unwrapStructuredJsonText(outcome) : outcome;
@@ -90,6 +94,8 @@ export function decodeOutboxRowLoosely(row: SqlRow): OutboxMessage {
   if (next !== undefined) message.nextAttemptAt = next;
   const lastError = text(row.last_error);
   if (lastError !== undefined) message.lastError = lastError;
+  const orderingKey = text(row.ordering_key);
+  if (orderingKey !== undefined) message.orderingKey = orderingKey;
   if (row.outcome !== null && row.outcome !== undefined) {
     const outcome = attempt(() => decodeJson(row.outcome, "outcome", never), undefined);
     if (outcome !== undefined) message.outcome = outcome;

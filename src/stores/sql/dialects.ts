@@ -11,25 +11,54 @@
  * @module
  */
 
+import { claimableSql, heldHeadsSql, waitingSql } from "./ordering_schema.ts";
 import { activeStatesSql, terminalStatesSql } from "./schema.ts";
 import type { ResolvedSqlOutboxTables, SqlDialect } from "./tables.ts";
 
 /** Every statement a repository runs. Parameter order is documented per field. */
 export interface OutboxStatements {
-  /** $1 id, $2 kind, $3 name, $4 subject, $5 payload, $6 headers JSON, $7 now [, $8 channel] */
+  /**
+   * $1 id, $2 kind, $3 name, $4 subject, $5 payload, $6 headers JSON, $7 now, $8 ordering key
+   * [, $9 channel]
+   */
   insertOne: string;
-  /** $1 JSON array of records (headers as JSON text), $2 now [, $3 channel] */
+  /**
+   * $1 JSON array of records (headers as JSON text, `orderingKey` or none), $2 now
+   * [, $3 channel]. A row whose key has no head and which is not the first of its key in the
+   * batch is held back (not inserted): insert it again once the first is in.
+   */
   insertMany: string;
   /** $1 id */
   get: string;
   /** $1 JSON array of ids */
   getMany: string;
-  /** $1 now, $2 lease expiry, $3 limit */
+  /** $1 now, $2 lease expiry, $3 limit; each row also says whether hand-overs are due (`stale_heads`) */
   claim: string;
+  /** no parameters: `stale` is true when some dispatched head still has to hand over */
+  staleHeads: string;
   /** $1 seq, $2 lease expiry set by the claim, $3 error, $4 now */
   deadCorrupt: string;
-  /** $1 JSON array of marks {id, attempts, lease, state, error, next, outcome}, $2 now */
+  /**
+   * $1 JSON array of marks {id, attempts, lease, state, error, next, outcome}, $2 now; returns
+   * `id`, `seq` and `stale` (a dispatched head whose key showed no next message to hand over to)
+   */
   markMany: string;
+  /**
+   * $1 JSON array of ids or NULL (any), $2 limit: the `id` of dispatched heads still to hand
+   * over (Postgres: locked, skipping those an enqueue of their key holds)
+   */
+  heldStale: string;
+  /** $1 ordering key: the `id` of the key's dead head (Postgres: locked) */
+  heldBlocked: string;
+  /**
+   * $1 JSON array of ids of settled heads: each hands over to its next row; Postgres returns
+   * `released` and `promoted` counts, SQLite a row per changed row (`promoted` true or false)
+   */
+  release: string;
+  /** $1 ordering key, $2 now: requeues the key's dead head; returns its id */
+  retryKey: string;
+  /** $1 limit: blocked keys (dead heads), longest blocked first, with their waiting counts */
+  blockedKeys: string;
   /** $1 JSON array of ids, $2 now */
   requeue: string;
   /** $1 limit */
@@ -68,57 +97,99 @@ export function outboxStatements(
 }
 
 const insertColumns =
-  "id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at";
+  "id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at, ordering_key, key_head";
+// Ordering keys: what reads or writes `ordering_key` / `key_head` below implements the per-key
+// head described in ordering_schema.ts.
 
 function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements {
   const o = t.outbox;
   // Qualified with the alias `t` (UPDATE ... FROM would otherwise be ambiguous); JSON columns
   // as text so a JSON `null` outcome survives and every driver returns the same thing.
   const columns =
-    "t.seq, t.id, t.kind, t.name, t.subject, t.payload, t.headers::text AS headers, t.state, t.attempts, t.created_at, t.updated_at, t.next_attempt_at, t.last_error, t.outcome::text AS outcome";
-  const withNotify = (insert: string, channel: string) =>
+    "t.seq, t.id, t.kind, t.name, t.subject, t.payload, t.headers::text AS headers, t.state, t.attempts, t.created_at, t.updated_at, t.next_attempt_at, t.last_error, t.outcome::text AS outcome, t.ordering_key";
+  const withNotify = (ctes: string, insert: string, channel: string) =>
     notify
-      ? `WITH ins AS (${insert}) SELECT ins.* FROM ins, (SELECT pg_notify(${channel}, '${o}')) AS wake`
-      : insert;
-  const due =
-    `${activeStatesSql} AND (next_attempt_at IS NULL OR next_attempt_at <= $1::timestamptz)`;
+      ? `WITH ${ctes}, ins AS (${insert}) SELECT ins.* FROM ins, (SELECT pg_notify(${channel}, '${o}')) AS wake`
+      : `WITH ${ctes} ${insert}`;
+  const due = `${claimableSql} AND (next_attempt_at IS NULL OR next_attempt_at <= $1::timestamptz)`;
+  const stale =
+    `(SELECT EXISTS (SELECT 1 FROM ${o} WHERE ${heldHeadsSql} AND state = 'dispatched'))`;
+  // The next waiting row of the key of the row aliased `alias` (key_next_idx).
+  const nextOf = (alias: string) =>
+    `(SELECT id FROM ${o} WHERE ordering_key = ${alias}.ordering_key AND ${waitingSql} ORDER BY seq LIMIT 1)`;
+  // Enqueue: a keyed row becomes its key's head when the key has none. The head it sees is
+  // locked FOR KEY SHARE until the enqueue commits: a hand-over that could leave the key
+  // without a head locks the head FOR UPDATE first, so it waits for (or skips) this enqueue
+  // and then sees its row. Two enqueues that both see no head both try to insert one: the
+  // unique key_head_idx makes the second wait for the first, and if that commits, its insert
+  // does nothing (ON CONFLICT) and the repository inserts again, now behind the new head.
+  const head =
+    `head AS (SELECT 1 FROM ${o} WHERE ordering_key = $8::text AND key_head FOR KEY SHARE)`;
+  const batch =
+    `input AS (SELECT r.v, r.ord, r.v->>'orderingKey' AS k FROM json_array_elements($1::text::json) WITH ORDINALITY AS r(v, ord)), heads AS (SELECT ordering_key FROM ${o} WHERE key_head AND ordering_key IN (SELECT k FROM input WHERE k IS NOT NULL) FOR KEY SHARE), firsts AS (SELECT min(ord) AS ord FROM input WHERE k IS NOT NULL GROUP BY k), rows AS (SELECT i.v, i.ord, i.k, (i.k IS NULL OR (i.k NOT IN (SELECT ordering_key FROM heads) AND i.ord IN (SELECT ord FROM firsts))) AS head FROM input AS i)`;
+  // Followers of a row that would become a new head are held back (a new head may lose to a
+  // concurrent one and be inserted again later, after them); they go in the next round.
+  const batchInsert =
+    `INSERT INTO ${o} AS t (${insertColumns}) SELECT v->>'id', v->>'kind', v->>'name', v->>'subject', v->>'payload', (v->>'headers')::jsonb, 'pending', 0, $2::timestamptz, $2::timestamptz, k, head FROM rows WHERE NOT EXISTS (SELECT 1 FROM ${o} AS x JOIN input AS i ON x.id = i.v->>'id') AND (head OR k IN (SELECT ordering_key FROM heads)) ORDER BY ord ON CONFLICT DO NOTHING RETURNING ${columns}`;
   // markMany: the fence is written `state || '' = 'claimed'` on purpose. A plain `state =
   // 'claimed'` lets the planner prove the partial claim index usable and, misled by its estimate
   // of claimed rows, scan every active row for a hash join; the batch must instead probe the
   // primary key once per mark (checked with EXPLAIN in tests/sql_claim_plan_test.ts).
+  const keep = "(ordering_key IS NULL OR NOT key_head)";
   const prune = (state: "dispatched" | "dead") =>
-    `WITH gone AS (DELETE FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND id IN (SELECT id FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz LIMIT $2::int) RETURNING 1) SELECT count(*) AS n FROM gone`;
+    `WITH gone AS (DELETE FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} AND id IN (SELECT id FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} LIMIT $2::int) RETURNING 1) SELECT count(*) AS n FROM gone`;
+  const marks =
+    "json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, state text, error text, next timestamptz, outcome text)";
   return {
     insertOne: withNotify(
-      `INSERT INTO ${o} AS t (${insertColumns}) VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, 'pending', 0, $7::timestamptz, $7::timestamptz) ON CONFLICT (id) DO NOTHING RETURNING ${columns}`,
-      "$8",
+      head,
+      `INSERT INTO ${o} AS t (${insertColumns}) VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, 'pending', 0, $7::timestamptz, $7::timestamptz, $8::text, $8::text IS NULL OR NOT EXISTS (SELECT 1 FROM head)) ON CONFLICT DO NOTHING RETURNING ${columns}`,
+      "$9",
     ),
-    insertMany: notify
-      ? `WITH input AS (SELECT r.v, r.ord FROM json_array_elements($1::text::json) WITH ORDINALITY AS r(v, ord)), ins AS (INSERT INTO ${o} AS t (${insertColumns}) SELECT v->>'id', v->>'kind', v->>'name', v->>'subject', v->>'payload', (v->>'headers')::jsonb, 'pending', 0, $2::timestamptz, $2::timestamptz FROM input WHERE NOT EXISTS (SELECT 1 FROM ${o} AS x JOIN input AS i ON x.id = i.v->>'id') ORDER BY ord ON CONFLICT (id) DO NOTHING RETURNING ${columns}) SELECT ins.* FROM ins, (SELECT pg_notify($3, '${o}')) AS wake`
-      : `WITH input AS (SELECT r.v, r.ord FROM json_array_elements($1::text::json) WITH ORDINALITY AS r(v, ord)) INSERT INTO ${o} AS t (${insertColumns}) SELECT v->>'id', v->>'kind', v->>'name', v->>'subject', v->>'payload', (v->>'headers')::jsonb, 'pending', 0, $2::timestamptz, $2::timestamptz FROM input WHERE NOT EXISTS (SELECT 1 FROM ${o} AS x JOIN input AS i ON x.id = i.v->>'id') ORDER BY ord ON CONFLICT (id) DO NOTHING RETURNING ${columns}`,
+    insertMany: withNotify(batch, batchInsert, "$3"),
     get: `SELECT ${columns} FROM ${o} AS t WHERE t.id = $1`,
     getMany:
       `SELECT ${columns} FROM ${o} AS t WHERE t.id IN (SELECT json_array_elements_text($1::text::json))`,
     // The claimed ids are collected first (an InitPlan) and the rows fetched through the primary
     // key: joined to the table instead, large batches on mid-sized tables got a hash join over
-    // a sequential scan of the whole table.
+    // a sequential scan of the whole table. FOR NO KEY UPDATE, so an enqueue holding its key's
+    // head FOR KEY SHARE never hides the head from a claim.
     claim:
-      `UPDATE ${o} AS t SET state = 'claimed', attempts = t.attempts + 1, updated_at = $1::timestamptz, next_attempt_at = $2::timestamptz WHERE t.id = ANY(ARRAY(SELECT id FROM ${o} WHERE ${due} ORDER BY seq LIMIT $3::int FOR UPDATE SKIP LOCKED)) RETURNING ${columns}`,
+      `UPDATE ${o} AS t SET state = 'claimed', attempts = t.attempts + 1, updated_at = $1::timestamptz, next_attempt_at = $2::timestamptz WHERE t.id = ANY(ARRAY(SELECT id FROM ${o} WHERE ${due} ORDER BY seq LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED)) RETURNING ${columns}, ${stale} AS stale_heads`,
+    staleHeads: `SELECT ${stale} AS stale`,
     deadCorrupt:
       `UPDATE ${o} SET state = 'dead', next_attempt_at = NULL, last_error = $3, updated_at = $4::timestamptz WHERE seq = $1::bigint AND state = 'claimed' AND next_attempt_at = $2::timestamptz`,
-    markMany:
-      `UPDATE ${o} AS t SET state = m.state, updated_at = $2::timestamptz, next_attempt_at = m.next, last_error = CASE WHEN m.state = 'dispatched' THEN NULL ELSE m.error END, outcome = CASE WHEN m.outcome IS NULL THEN t.outcome ELSE m.outcome::jsonb END FROM json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, state text, error text, next timestamptz, outcome text) WHERE t.id = m.id AND t.state || '' = 'claimed' AND t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) RETURNING t.id`,
+    // A dispatched head hands over to the next row of its key in the same statement when one is
+    // visible; otherwise it stays head (`stale`) and the repository hands over in a transaction
+    // (`heldStale` then `release`), where an enqueue still in flight can no longer be missed.
+    markMany: `WITH nexts AS (SELECT h.id, ${
+      nextOf("h")
+    } AS next FROM ${o} AS h WHERE h.id IN (SELECT m.id FROM ${marks} WHERE m.state = 'dispatched') AND h.key_head AND h.ordering_key IS NOT NULL), settled AS (UPDATE ${o} AS t SET state = m.state, updated_at = $2::timestamptz, next_attempt_at = m.next, last_error = CASE WHEN m.state = 'dispatched' THEN NULL ELSE m.error END, outcome = CASE WHEN m.outcome IS NULL THEN t.outcome ELSE m.outcome::jsonb END, key_head = CASE WHEN n.next IS NULL THEN t.key_head ELSE false END FROM ${marks} LEFT JOIN nexts AS n ON n.id = m.id WHERE t.id = m.id AND t.state || '' = 'claimed' AND t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) RETURNING t.id, t.seq, t.ordering_key IS NOT NULL AND t.key_head AND t.state = 'dispatched' AS stale, n.next), promoted AS (UPDATE ${o} AS w SET key_head = true WHERE w.id IN (SELECT next FROM settled WHERE next IS NOT NULL) RETURNING 1) SELECT id, seq, stale FROM settled`,
+    heldStale:
+      `SELECT id FROM ${o} WHERE ${heldHeadsSql} AND state = 'dispatched' AND ($1::text IS NULL OR id IN (SELECT json_array_elements_text($1::text::json))) ORDER BY seq LIMIT $2::int FOR UPDATE SKIP LOCKED`,
+    heldBlocked:
+      `SELECT id FROM ${o} WHERE ordering_key = $1 AND key_head AND state = 'dead' FOR UPDATE`,
+    release: `WITH heads AS (SELECT h.id, ${
+      nextOf("h")
+    } AS next FROM ${o} AS h WHERE h.id IN (SELECT json_array_elements_text($1::text::json)) AND ${heldHeadsSql}), cleared AS (UPDATE ${o} AS h SET key_head = false FROM heads WHERE h.id = heads.id AND h.key_head RETURNING heads.next), promoted AS (UPDATE ${o} AS w SET key_head = true WHERE w.id IN (SELECT next FROM cleared WHERE next IS NOT NULL) RETURNING 1) SELECT (SELECT count(*) FROM cleared) AS released, (SELECT count(*) FROM promoted) AS promoted`,
+    retryKey:
+      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = $2::timestamptz WHERE ordering_key = $1 AND key_head AND state = 'dead' RETURNING id`,
+    // A requeued message that had left its key (it was skipped) comes back as the key's next
+    // message, or as its head when the key has none (locked like an enqueue's).
     requeue:
-      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = $2::timestamptz WHERE state = 'dead' AND id IN (SELECT json_array_elements_text($1::text::json)) RETURNING id`,
+      `WITH target AS (SELECT seq, ordering_key, key_head FROM ${o} WHERE state = 'dead' AND id IN (SELECT json_array_elements_text($1::text::json))), heads AS (SELECT ordering_key FROM ${o} WHERE key_head AND ordering_key IN (SELECT ordering_key FROM target WHERE NOT key_head) FOR KEY SHARE), firsts AS (SELECT min(seq) AS seq FROM target WHERE NOT key_head GROUP BY ordering_key) UPDATE ${o} AS t SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = $2::timestamptz, key_head = t.key_head OR (t.ordering_key NOT IN (SELECT ordering_key FROM heads) AND t.seq IN (SELECT seq FROM firsts)) WHERE t.seq IN (SELECT seq FROM target) AND t.state = 'dead' RETURNING t.id`,
     listDead:
       `SELECT ${columns} FROM ${o} AS t WHERE t.state = 'dead' ORDER BY t.seq LIMIT $1::int`,
+    blockedKeys:
+      `SELECT h.ordering_key AS key, h.id AS head_id, h.updated_at AS since, h.last_error, (SELECT count(*) FROM ${o} WHERE ordering_key = h.ordering_key AND ${waitingSql}) AS waiting FROM ${o} AS h WHERE ${heldHeadsSql} AND state = 'dead' ORDER BY h.updated_at, h.seq LIMIT $1::int`,
     stats:
-      `SELECT count(*) FILTER (WHERE state = 'pending') AS pending, count(*) FILTER (WHERE state = 'claimed') AS claimed, count(*) FILTER (WHERE state = 'failed') AS failed, count(*) FILTER (WHERE next_attempt_at IS NULL OR next_attempt_at <= $1::timestamptz) AS due, min(created_at) FILTER (WHERE next_attempt_at IS NULL OR next_attempt_at <= $1::timestamptz) AS oldest_due, (SELECT count(*) FROM ${o} WHERE state = 'dispatched') AS dispatched, (SELECT count(*) FROM ${o} WHERE state = 'dead') AS dead FROM ${o} WHERE ${activeStatesSql}`,
+      `SELECT count(*) FILTER (WHERE state = 'pending') AS pending, count(*) FILTER (WHERE state = 'claimed') AS claimed, count(*) FILTER (WHERE state = 'failed') AS failed, count(*) FILTER (WHERE key_head AND (next_attempt_at IS NULL OR next_attempt_at <= $1::timestamptz)) AS due, min(created_at) FILTER (WHERE key_head AND (next_attempt_at IS NULL OR next_attempt_at <= $1::timestamptz)) AS oldest_due, (SELECT count(*) FROM ${o} WHERE state = 'dispatched') AS dispatched, (SELECT count(*) FROM ${o} WHERE state = 'dead') AS dead FROM ${o} WHERE ${activeStatesSql}`,
     prune: { dispatched: prune("dispatched"), dead: prune("dead") },
     count: {
       dispatched:
-        `SELECT count(*) AS n FROM ${o} WHERE state = 'dispatched' AND updated_at < $1::timestamptz`,
-      dead: `SELECT count(*) AS n FROM ${o} WHERE state = 'dead' AND updated_at < $1::timestamptz`,
+        `SELECT count(*) AS n FROM ${o} WHERE state = 'dispatched' AND updated_at < $1::timestamptz AND ${keep}`,
+      dead:
+        `SELECT count(*) AS n FROM ${o} WHERE state = 'dead' AND updated_at < $1::timestamptz AND ${keep}`,
     },
     inboxRecord:
       `INSERT INTO ${t.inbox} (consumer, message_id, received_at) VALUES ($1, $2, $3::timestamptz) ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id`,
@@ -132,22 +203,40 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
   const o = t.outbox;
   // RETURNING may only name the target table's columns, unqualified.
   const columns =
-    "seq, id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at, next_attempt_at, last_error, outcome";
+    "seq, id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at, next_attempt_at, last_error, outcome, ordering_key";
   // SQLite uses a partial index only when the query repeats its WHERE term literally.
   const terminal = (state: "dispatched" | "dead") => `${terminalStatesSql} AND state = '${state}'`;
   const field = (name: string) => `json_extract(value, '$.${name}')`;
+  const rf = (name: string) => `json_extract(r.value, '$.${name}')`;
+  // INDEXED BY: the head index (every key with a head) would serve this query too, at a cost
+  // that grows with the number of keys.
+  const stale =
+    `(SELECT EXISTS (SELECT 1 FROM ${o} INDEXED BY ${o}_key_held_idx WHERE ${heldHeadsSql} AND state = 'dispatched'))`;
+  const keep = "(ordering_key IS NULL OR NOT key_head)";
+  // SQLite has one writer, so a statement sees every committed row: an enqueue makes its row
+  // the head when the key has none, a hand-over gives the head to the next row or to nobody.
+  const heldHeads =
+    `SELECT id FROM ${o} WHERE id IN (SELECT value FROM json_each(?1)) AND ${heldHeadsSql}`;
   return {
     insertOne:
-      `INSERT INTO ${o} (${insertColumns}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', 0, ?7, ?7) ON CONFLICT (id) DO NOTHING RETURNING ${columns}`,
-    insertMany: `INSERT INTO ${o} (${insertColumns}) SELECT ${field("id")}, ${field("kind")}, ${
-      field("name")
-    }, ${field("subject")}, ${field("payload")}, ${
-      field("headers")
-    }, 'pending', 0, ?2, ?2 FROM json_each(?1) WHERE NOT EXISTS (SELECT 1 FROM json_each(?1) AS j JOIN ${o} AS x ON x.id = json_extract(j.value, '$.id')) ORDER BY key ON CONFLICT (id) DO NOTHING RETURNING ${columns}`,
+      `INSERT INTO ${o} (${insertColumns}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', 0, ?7, ?7, ?8, ?8 IS NULL OR NOT EXISTS (SELECT 1 FROM ${o} WHERE ordering_key = ?8 AND key_head)) ON CONFLICT (id) DO NOTHING RETURNING ${columns}`,
+    // `r` is the batch row; its first row per key becomes the key's head when it has none.
+    insertMany: `INSERT INTO ${o} (${insertColumns}) SELECT ${rf("id")}, ${rf("kind")}, ${
+      rf("name")
+    }, ${rf("subject")}, ${rf("payload")}, ${rf("headers")}, 'pending', 0, ?2, ?2, ${
+      rf("orderingKey")
+    }, ${
+      rf("orderingKey")
+    } IS NULL OR (NOT EXISTS (SELECT 1 FROM ${o} AS h WHERE h.ordering_key = ${
+      rf("orderingKey")
+    } AND h.key_head) AND r.key = (SELECT min(j.key) FROM json_each(?1) AS j WHERE json_extract(j.value, '$.orderingKey') = ${
+      rf("orderingKey")
+    })) FROM json_each(?1) AS r WHERE NOT EXISTS (SELECT 1 FROM json_each(?1) AS j JOIN ${o} AS x ON x.id = json_extract(j.value, '$.id')) ORDER BY r.key ON CONFLICT (id) DO NOTHING RETURNING ${columns}`,
     get: `SELECT ${columns} FROM ${o} WHERE id = ?1`,
     getMany: `SELECT ${columns} FROM ${o} WHERE id IN (SELECT value FROM json_each(?1))`,
     claim:
-      `UPDATE ${o} SET state = 'claimed', attempts = attempts + 1, updated_at = ?1, next_attempt_at = ?2 WHERE seq IN (SELECT seq FROM ${o} WHERE ${activeStatesSql} AND (next_attempt_at IS NULL OR next_attempt_at <= ?1) ORDER BY seq LIMIT ?3) RETURNING ${columns}`,
+      `UPDATE ${o} SET state = 'claimed', attempts = attempts + 1, updated_at = ?1, next_attempt_at = ?2 WHERE seq IN (SELECT seq FROM ${o} WHERE ${claimableSql} AND (next_attempt_at IS NULL OR next_attempt_at <= ?1) ORDER BY seq LIMIT ?3) RETURNING ${columns}, ${stale} AS stale_heads`,
+    staleHeads: `SELECT ${stale} AS stale`,
     deadCorrupt:
       `UPDATE ${o} SET state = 'dead', next_attempt_at = NULL, last_error = ?3, updated_at = ?4 WHERE seq = ?1 AND state = 'claimed' AND next_attempt_at = ?2`,
     markMany:
@@ -157,14 +246,25 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
         field("state")
       } AS state, ${field("error")} AS error, ${field("next")} AS next, ${
         field("outcome")
-      } AS outcome FROM json_each(?1)) AS m WHERE t.id = m.id AND t.state = 'claimed' AND t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) RETURNING id`,
+      } AS outcome FROM json_each(?1)) AS m WHERE t.id = m.id AND t.state = 'claimed' AND t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) RETURNING id, seq, ordering_key IS NOT NULL AND key_head AND state = 'dispatched' AS stale`,
+    heldStale:
+      `SELECT id FROM ${o} WHERE ${heldHeadsSql} AND state = 'dispatched' AND (?1 IS NULL OR id IN (SELECT value FROM json_each(?1))) ORDER BY seq LIMIT ?2`,
+    heldBlocked: `SELECT id FROM ${o} WHERE ordering_key = ?1 AND key_head AND state = 'dead'`,
+    // One statement flips both rows of every hand-over: the heads lose key_head, their next
+    // rows gain it (the set is computed before anything changes).
+    release:
+      `UPDATE ${o} SET key_head = NOT key_head WHERE id IN (${heldHeads} UNION ALL SELECT (SELECT w.id FROM ${o} AS w WHERE w.ordering_key = h.ordering_key AND w.state = 'pending' AND NOT w.key_head ORDER BY w.seq LIMIT 1) FROM ${o} AS h WHERE h.id IN (${heldHeads})) RETURNING key_head AS promoted`,
+    retryKey:
+      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = ?2 WHERE ordering_key = ?1 AND key_head AND state = 'dead' RETURNING id`,
     requeue:
-      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = ?2 WHERE ${
+      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = ?2, key_head = key_head OR (NOT EXISTS (SELECT 1 FROM ${o} AS h WHERE h.ordering_key = ${o}.ordering_key AND h.key_head) AND seq = (SELECT min(s.seq) FROM ${o} AS s WHERE s.ordering_key = ${o}.ordering_key AND s.state = 'dead' AND NOT s.key_head AND s.id IN (SELECT value FROM json_each(?1)))) WHERE ${
         terminal("dead")
       } AND id IN (SELECT value FROM json_each(?1)) RETURNING id`,
     listDead: `SELECT ${columns} FROM ${o} WHERE ${terminal("dead")} ORDER BY seq LIMIT ?1`,
+    blockedKeys:
+      `SELECT h.ordering_key AS key, h.id AS head_id, h.updated_at AS since, h.last_error AS last_error, (SELECT count(*) FROM ${o} AS w WHERE w.ordering_key = h.ordering_key AND w.state = 'pending' AND NOT w.key_head) AS waiting FROM ${o} AS h WHERE ${heldHeadsSql} AND state = 'dead' ORDER BY h.updated_at, h.seq LIMIT ?1`,
     stats:
-      `SELECT count(*) FILTER (WHERE state = 'pending') AS pending, count(*) FILTER (WHERE state = 'claimed') AS claimed, count(*) FILTER (WHERE state = 'failed') AS failed, count(*) FILTER (WHERE next_attempt_at IS NULL OR next_attempt_at <= ?1) AS due, min(created_at) FILTER (WHERE next_attempt_at IS NULL OR next_attempt_at <= ?1) AS oldest_due, (SELECT count(*) FROM ${o} WHERE ${
+      `SELECT count(*) FILTER (WHERE state = 'pending') AS pending, count(*) FILTER (WHERE state = 'claimed') AS claimed, count(*) FILTER (WHERE state = 'failed') AS failed, count(*) FILTER (WHERE key_head AND (next_attempt_at IS NULL OR next_attempt_at <= ?1)) AS due, min(created_at) FILTER (WHERE key_head AND (next_attempt_at IS NULL OR next_attempt_at <= ?1)) AS oldest_due, (SELECT count(*) FROM ${o} WHERE ${
         terminal("dispatched")
       }) AS dispatched, (SELECT count(*) FROM ${o} WHERE ${
         terminal("dead")
@@ -172,16 +272,18 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
     prune: {
       dispatched: `DELETE FROM ${o} WHERE seq IN (SELECT seq FROM ${o} WHERE ${
         terminal("dispatched")
-      } AND updated_at < ?1 LIMIT ?2) RETURNING seq`,
+      } AND updated_at < ?1 AND ${keep} LIMIT ?2) RETURNING seq`,
       dead: `DELETE FROM ${o} WHERE seq IN (SELECT seq FROM ${o} WHERE ${
         terminal("dead")
-      } AND updated_at < ?1 LIMIT ?2) RETURNING seq`,
+      } AND updated_at < ?1 AND ${keep} LIMIT ?2) RETURNING seq`,
     },
     count: {
       dispatched: `SELECT count(*) AS n FROM ${o} WHERE ${
         terminal("dispatched")
-      } AND updated_at < ?1`,
-      dead: `SELECT count(*) AS n FROM ${o} WHERE ${terminal("dead")} AND updated_at < ?1`,
+      } AND updated_at < ?1 AND ${keep}`,
+      dead: `SELECT count(*) AS n FROM ${o} WHERE ${
+        terminal("dead")
+      } AND updated_at < ?1 AND ${keep}`,
     },
     inboxRecord:
       `INSERT INTO ${t.inbox} (consumer, message_id, received_at) VALUES (?1, ?2, ?3) ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id`,

@@ -11,11 +11,19 @@ import {
   OutboxValidationError,
 } from "../../core/errors.ts";
 import { assertOutboxIdentity } from "../../core/identity.ts";
-import { checkedBatchSize, checkedDate, checkedLeaseMs, checkedLimit } from "../../core/limits.ts";
+import {
+  checkedBatchSize,
+  checkedDate,
+  checkedLeaseMs,
+  checkedLimit,
+  checkedUnblockAction,
+} from "../../core/limits.ts";
 import { addMs, toIsoTimestamp } from "../../core/time.ts";
 import type {
   JsonValue,
   OutboxAdmin,
+  OutboxBlockedKey,
+  OutboxBlockedKeysOptions,
   OutboxClaim,
   OutboxClaimOptions,
   OutboxDeadLetter,
@@ -29,8 +37,9 @@ import type {
   OutboxRecord,
   OutboxRepository,
   OutboxStats,
+  OutboxUnblockKeyOptions,
 } from "../../core/types.ts";
-import { validateOutboxRecord } from "../../core/validate.ts";
+import { validateOrderingKey, validateOutboxRecord } from "../../core/validate.ts";
 import { decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
 import { type OutboxStatements, outboxStatements } from "./dialects.ts";
 import type { SqlExecutor, SqlRow } from "./executors.ts";
@@ -129,23 +138,31 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   /** Stores a record as `pending` (one statement); see {@linkcode OutboxRepository.enqueue}. */
   async enqueue(record: OutboxRecord, options: OutboxEnqueueOptions = {}): Promise<OutboxMessage> {
     const valid = validateOutboxRecord(record);
-    const now = new Date().toISOString();
-    const params: unknown[] = [
-      valid.id,
-      valid.kind,
-      valid.name,
-      valid.subject,
-      valid.payload,
-      JSON.stringify(valid.headers),
-      now,
-    ];
-    if (this.#channel !== undefined) params.push(this.#channel);
-    const [inserted] = await this.executor.query(this.#sql.insertOne, params);
-    if (inserted) return decodeOutboxRow(inserted);
-    const existing = await this.get(valid.id);
-    if (!existing) throw new OutboxStorageConflictError(valid.id);
-    assertOutboxIdentity(existing, valid, options.contextHeaders);
-    return existing;
+    // A keyed insert does nothing when a concurrent transaction gave the key a head first (see
+    // dialects.ts): inserted again, it sees that head and waits behind it.
+    for (let attempt = 0; attempt < maxInsertRounds; attempt++) {
+      const now = new Date().toISOString();
+      const params: unknown[] = [
+        valid.id,
+        valid.kind,
+        valid.name,
+        valid.subject,
+        valid.payload,
+        JSON.stringify(valid.headers),
+        now,
+        valid.orderingKey ?? null,
+      ];
+      if (this.#channel !== undefined) params.push(this.#channel);
+      const [inserted] = await this.executor.query(this.#sql.insertOne, params);
+      if (inserted) return decodeOutboxRow(inserted);
+      const existing = await this.get(valid.id);
+      if (existing) {
+        assertOutboxIdentity(existing, valid, options.contextHeaders);
+        return existing;
+      }
+      if (valid.orderingKey === undefined) break;
+    }
+    throw new OutboxStorageConflictError(valid.id);
   }
 
   /**
@@ -171,8 +188,9 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     const stored = new Map<string, OutboxMessage>();
     let pending = [...firsts.values()];
     // Round 1 inserts everything unless some id exists; then those are compared, and round 2
-    // inserts the rest. A third round only runs when another transaction raced us.
-    for (let round = 0; round < 3 && pending.length > 0; round++) {
+    // inserts the rest. Rows of an ordering key that gets its first head in this batch wait for
+    // the round after that head's. More rounds only run when another transaction raced us.
+    for (let round = 0; round < maxInsertRounds + 2 && pending.length > 0; round++) {
       const now = new Date().toISOString();
       const json = JSON.stringify(pending.map((record) => ({
         id: record.id,
@@ -181,6 +199,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
         subject: record.subject,
         payload: record.payload,
         headers: JSON.stringify(record.headers),
+        orderingKey: record.orderingKey,
       })));
       const params: unknown[] = [json, now];
       if (this.#channel !== undefined) params.push(this.#channel);
@@ -225,8 +244,26 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     const leaseMs = checkedLeaseMs(options.leaseMs);
     const nowIso = checkedDate(now, "now");
     const lease = addMs(now, leaseMs).toISOString();
-    const rows = await this.executor.query(this.#sql.claim, [nowIso, lease, max]);
+    let rows = await this.executor.query(this.#sql.claim, [nowIso, lease, max]);
     if (rows.length > 0) checkColumns(rows[0]);
+    // Ordering keys: a dispatched head whose hand-over is still to do (an enqueue of its key was
+    // in flight, or a process died between the mark and the hand-over) is handed over now.
+    const stale = rows.length > 0
+      ? truthy(rows[0].stale_heads)
+      : truthy((await this.executor.query(this.#sql.staleHeads, []))[0]?.stale);
+    if (stale) {
+      try {
+        const promoted = await this.#handOver(null);
+        if (promoted > 0 && rows.length < max) {
+          rows = rows.concat(
+            await this.executor.query(this.#sql.claim, [nowIso, lease, max - rows.length]),
+          );
+        }
+      } catch (error) {
+        // The claimed rows are this caller's now: return them; a later claim hands over.
+        if (rows.length === 0) throw error;
+      }
+    }
     // RETURNING gives no order: restore the claim order (seq).
     rows.sort((a, b) => (integer(a.seq) ?? 0) - (integer(b.seq) ?? 0));
     const claimed: OutboxMessage[] = [];
@@ -280,6 +317,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     if (marks.length === 0) return [];
     const nowIso = checkedDate(now, "now");
     const results = new Array<boolean>(marks.length).fill(false);
+    const stale: string[] = [];
     // Split into rounds with unique ids (normally exactly one round).
     let remaining = marks.map((mark, index) => ({ mark, index }));
     while (remaining.length > 0) {
@@ -310,9 +348,15 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
         for (const row of rows) {
           const index = indexById.get(row.id as string);
           if (index !== undefined) results[index] = true;
+          if (truthy(row.stale)) stale.push(row.id as string);
         }
       }
       remaining = later;
+    }
+    if (stale.length > 0) {
+      // Dispatched heads whose key showed no next message: hand over now (or, if that fails,
+      // at the next claim, which looks for such heads every time).
+      await this.#handOver(stale).catch(() => {});
     }
     return results;
   }
@@ -380,12 +424,112 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   async requeue(ids: readonly string[], now: Date = new Date()): Promise<number> {
     const unique = [...new Set(ids)].filter((id) => typeof id === "string");
     if (unique.length === 0) return 0;
-    const rows = await this.executor.query(this.#sql.requeue, [
-      JSON.stringify(unique),
-      checkedDate(now, "now"),
-    ]);
-    return rows.length;
+    const params = [JSON.stringify(unique), checkedDate(now, "now")];
+    for (let attempt = 1;; attempt++) {
+      try {
+        return (await this.executor.query(this.#sql.requeue, params)).length;
+      } catch (error) {
+        // A skipped message requeued as its key's new head while a concurrent enqueue gave the
+        // key one: the unique head index refuses it; requeued again, it waits behind that head.
+        if (attempt >= maxInsertRounds || !isUniqueViolation(error)) throw error;
+      }
+    }
   }
+
+  /** Lists blocked ordering keys (dead heads), longest blocked first; see {@linkcode OutboxAdmin.blockedKeys}. */
+  async blockedKeys(options: OutboxBlockedKeysOptions = {}): Promise<OutboxBlockedKey[]> {
+    const limit = checkedLimit(options.limit ?? 100);
+    if (limit === 0) return [];
+    const rows = await this.executor.query(this.#sql.blockedKeys, [limit]);
+    return rows.map((row) => {
+      const blocked: OutboxBlockedKey = {
+        key: String(row.key),
+        headId: String(row.head_id),
+        since: toIsoTimestamp(row.since) ?? new Date(0).toISOString(),
+        waiting: integer(row.waiting) ?? 0,
+      };
+      if (typeof row.last_error === "string") blocked.lastError = row.last_error;
+      return blocked;
+    });
+  }
+
+  /**
+   * Retries (requeues) or skips the dead head of a blocked key; `false` when the key is not
+   * blocked. A skip hands the head over to the next message of the key in one transaction
+   * (Postgres: after any enqueue of the key still in flight has ended).
+   */
+  async unblockKey(key: string, options: OutboxUnblockKeyOptions): Promise<boolean> {
+    const valid = validateOrderingKey(key, "key");
+    const action = checkedUnblockAction(options);
+    const nowIso = checkedDate(options.now ?? new Date(), "now");
+    if (action === "retry") {
+      return (await this.executor.query(this.#sql.retryKey, [valid, nowIso])).length > 0;
+    }
+    return await this.#inTransaction(async (db) => {
+      const held = await db.query(this.#sql.heldBlocked, [valid]);
+      if (held.length === 0) return false;
+      return (await this.#release(db, held)).released > 0;
+    });
+  }
+
+  /**
+   * Hands over dispatched heads (`ids`, or any, up to a batch) to the next message of their key,
+   * or leaves the key without a head when it has none. Postgres: in a transaction that first
+   * locks the heads FOR UPDATE, skipping those an enqueue of their key holds FOR KEY SHARE;
+   * the hand-over's statement then starts after every other enqueue that saw the head has
+   * committed, so it sees their rows. Resolves with the number of messages that became heads.
+   */
+  #handOver(ids: readonly string[] | null): Promise<number> {
+    return this.#inTransaction(async (db) => {
+      const held = await db.query(this.#sql.heldStale, [
+        ids === null ? null : JSON.stringify(ids),
+        ids?.length ?? handOverBatch,
+      ]);
+      return held.length === 0 ? 0 : (await this.#release(db, held)).promoted;
+    });
+  }
+
+  async #release(
+    db: SqlExecutor,
+    held: SqlRow[],
+  ): Promise<{ released: number; promoted: number }> {
+    const rows = await db.query(this.#sql.release, [JSON.stringify(held.map((row) => row.id))]);
+    if (this.dialect === "postgres") {
+      return {
+        released: integer(rows[0]?.released) ?? 0,
+        promoted: integer(rows[0]?.promoted) ?? 0,
+      };
+    }
+    const promoted = rows.filter((row) => truthy(row.promoted)).length;
+    return { released: rows.length - promoted, promoted };
+  }
+
+  /** Postgres: `work` in a transaction (needed for hand-overs); SQLite: as is (one writer). */
+  #inTransaction<T>(work: (db: SqlExecutor) => Promise<T>): Promise<T> {
+    if (this.dialect === "sqlite") return work(this.executor);
+    if (typeof this.executor.transaction !== "function") {
+      return Promise.reject(
+        new OutboxValidationError(
+          "executor",
+          "ordering keys on Postgres need an executor with transaction() (every bundled adapter has it) for the repository that claims and marks",
+        ),
+      );
+    }
+    return this.executor.transaction(work);
+  }
+}
+
+/** Insert attempts for a keyed record whose key gained a head concurrently. */
+const maxInsertRounds = 3;
+/** Hand-overs done per claim. */
+const handOverBatch = 100;
+
+function truthy(value: unknown): boolean {
+  return value === true || value === 1 || value === 1n || value === "t" || value === "true";
+}
+
+function isUniqueViolation(error: unknown): boolean {
+  return (error as { code?: unknown })?.code === "23505";
 }
 
 interface EncodedMark {

@@ -5,6 +5,7 @@
  * @module
  */
 
+import { claimIndexV3, orderingIndexes, withOrderingColumns } from "./ordering_schema.ts";
 import {
   type ResolvedSqlOutboxTables,
   resolveSqlOutboxTables,
@@ -34,6 +35,10 @@ export const inboxColumnsV1: readonly string[] = ["message_id", "received_at"];
 export const outboxColumnsV2: readonly string[] = [...outboxColumnsV1, "seq"];
 /** Inbox columns of schema version 2 (`consumer`, the scope, is appended). */
 export const inboxColumnsV2: readonly string[] = [...inboxColumnsV1, "consumer"];
+/** Outbox columns of schema version 3 (the ordering-key columns are appended). */
+export const outboxColumnsV3: readonly string[] = [...outboxColumnsV2, "ordering_key", "key_head"];
+/** Inbox columns of schema version 3 (unchanged). */
+export const inboxColumnsV3: readonly string[] = inboxColumnsV2;
 
 /** The states whose rows a claim may still take; the claim index covers exactly these. */
 export const activeStatesSql = "state IN ('pending', 'claimed', 'failed')";
@@ -101,7 +106,8 @@ export function indexesV2(
   ];
 }
 
-function currentSchema(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
+/** The version 2 schema for a fresh database (what `createXOutboxSchema` produced before v3). */
+export function schemaV2Fresh(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
   const tables = dialect === "postgres"
     ? [
       postgresOutboxTable(t.outbox),
@@ -111,11 +117,31 @@ function currentSchema(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[
   return [...tables, ...indexesV2(dialect, t, true)];
 }
 
+function currentSchema(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
+  const tables = dialect === "postgres"
+    ? [
+      withOrderingColumns(postgresOutboxTable(t.outbox), dialect),
+      `CREATE TABLE IF NOT EXISTS ${t.inbox} (message_id text NOT NULL, received_at timestamptz NOT NULL, consumer text NOT NULL DEFAULT '', CONSTRAINT ${t.inbox}_pkey PRIMARY KEY (consumer, message_id))`,
+    ]
+    : [
+      withOrderingColumns(sqliteOutboxTable(t.outbox, true), dialect),
+      sqliteInboxTable(t.inbox, true),
+    ];
+  const [, retention, received] = indexesV2(dialect, t, true);
+  return [
+    ...tables,
+    claimIndexV3(dialect, t, true),
+    retention,
+    received,
+    ...orderingIndexes(dialect, t, true),
+  ];
+}
+
 /**
- * The current SQLite schema (version 2) for a FRESH database, as idempotent statements
+ * The current SQLite schema (version 3) for a FRESH database, as idempotent statements
  * (`CREATE ... IF NOT EXISTS`). It does not upgrade an existing version 1 database: use
  * `migrate()` (or the artifacts of `getSqlOutboxMigrations()`) for that. `migrate()` recognises
- * a database created by these statements as version 2.
+ * a database created by these statements as version 3.
  *
  * @example
  * ```ts
@@ -130,10 +156,10 @@ export function createSqliteOutboxSchema(tables?: SqlOutboxTables): string[] {
 }
 
 /**
- * The current Postgres schema (version 2) for a FRESH database, as idempotent statements
+ * The current Postgres schema (version 3) for a FRESH database, as idempotent statements
  * (`CREATE ... IF NOT EXISTS`). It does not upgrade an existing version 1 database: use
  * `migrate()` (or the artifacts of `getSqlOutboxMigrations()`) for that. `migrate()` recognises
- * a database created by these statements as version 2.
+ * a database created by these statements as version 3.
  *
  * @example
  * ```ts
