@@ -369,7 +369,7 @@ export async function settleClaimed(
   );
   let settlements: Settlement[];
   try {
-    settlements = await Promise.all(messages.map((message) => deliver(engine, message, deadline)));
+    settlements = await Promise.all(deliverInKeyOrder(engine, messages, deadline));
   } finally {
     deadline.clear();
   }
@@ -405,6 +405,47 @@ export async function settleClaimed(
     }
   }
   return result;
+}
+
+/**
+ * Starts every delivery of a batch: messages of different ordering keys (and messages without
+ * one) concurrently, messages of one key one after the other in claim order. A store's claim
+ * hands out one message per key at a time, so a batch normally holds at most one per key; if it
+ * holds more (a store without ordering keys), a message whose predecessor of the same key was
+ * not delivered is not attempted either.
+ */
+function deliverInKeyOrder(
+  engine: BatchEngine,
+  messages: readonly OutboxMessage[],
+  deadline: BatchDeadline,
+): Promise<Settlement>[] {
+  const last = new Map<string, Promise<Settlement>>();
+  return messages.map((message) => {
+    const key = message.orderingKey;
+    if (key === undefined) return deliver(engine, message, deadline);
+    const previous = last.get(key);
+    const settlement = previous === undefined
+      ? deliver(engine, message, deadline)
+      : previous.then((earlier) =>
+        earlier.state === "dispatched" ? deliver(engine, message, deadline) : keyHeld(engine)
+      );
+    last.set(key, settlement);
+    return settlement;
+  });
+}
+
+/** Not attempted: an earlier message of the same ordering key in the batch was not delivered. */
+function keyHeld(engine: BatchEngine): Settlement {
+  const error = new OutboxPublishError(
+    "retryable",
+    "not attempted: an earlier message of its ordering key was not delivered",
+    { code: "key_order" },
+  );
+  return {
+    state: "failed",
+    info: { error, lastError: describe(error), nextAttemptAt: engine.now() },
+    unavailable: false,
+  };
 }
 
 async function deliver(
