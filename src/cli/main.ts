@@ -10,6 +10,7 @@ import { allOptions, type Command, helpText, parseCommand } from "./args.ts";
 import { deadListCommand } from "./dead.ts";
 import { CliUsageError, describeError, describeVerbose, exitCodeOf } from "./errors.ts";
 import { type CliIo, processIo } from "./io.ts";
+import { keysBlockedCommand, keysRetryCommand, keysSkipCommand } from "./keys.ts";
 import { migrateCommand } from "./migrate.ts";
 import { pruneCommand } from "./prune.ts";
 import { relayCommand } from "./relay.ts";
@@ -21,6 +22,9 @@ export const commands: readonly Command[] = [
   statusCommand,
   deadListCommand,
   requeueCommand,
+  keysBlockedCommand,
+  keysRetryCommand,
+  keysSkipCommand,
   pruneCommand,
   migrateCommand,
   relayCommand,
@@ -56,6 +60,17 @@ function findCommand(argv: readonly string[]): { command: Command; rest: string[
     }
     throw new CliUsageError(
       `unknown command "dead ${second}"; did you mean "dead list"? (see outbox-nats --help)`,
+    );
+  }
+  if (first === "keys") {
+    const keys = [keysBlockedCommand, keysRetryCommand, keysSkipCommand];
+    const command = keys.find((candidate) => candidate.name === `keys ${second}`);
+    if (command) return { command, rest: argv.slice(2) };
+    if (second === undefined || second === "--help" || second === "-h") {
+      return { command: keysBlockedCommand, rest: ["--help"] };
+    }
+    throw new CliUsageError(
+      `unknown command "keys ${second}"; expected "keys blocked", "keys retry <key>" or "keys skip <key>" (see outbox-nats --help)`,
     );
   }
   const command = commands.find((candidate) => candidate.name === first);
