@@ -29,14 +29,18 @@ import {
   type ResourceMetrics,
 } from "@opentelemetry/sdk-metrics";
 import { AckPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { DatabaseSync } from "node:sqlite";
 import {
   consumeWithInbox,
   createJetStreamRuntime,
   MemoryInboxRepository,
   MemoryOutboxRepository,
+  migrate,
+  nodeSqliteExecutor,
   OutboxDispatcher,
   OutboxPublishError,
   type OutboxRuntime,
+  SqlOutboxRepository,
 } from "../mod.ts";
 import { injectTraceContext, OutboxTelemetry } from "../telemetry.ts";
 import { connectNats, createTestStream } from "./kit/mod.ts";
@@ -404,4 +408,31 @@ Deno.test("inbox process spans: a failed handler is an error span, only applied 
   } finally {
     await nc.close();
   }
+});
+
+Deno.test("outbox.keys.blocked reports the ordering keys blocked by a dead head (SQLite store)", async () => {
+  await using otel = withOtel();
+  const telemetry = new OutboxTelemetry({ meterProvider: otel.meterProvider });
+  const executor = nodeSqliteExecutor(new DatabaseSync(":memory:"));
+  await migrate(executor, { dialect: "sqlite" });
+  const outbox = new SqlOutboxRepository(executor, "sqlite");
+  const base = { kind: "event.publish" as const, name: "n", subject: "s.a", payload: "{}" };
+  await outbox.enqueueMany([
+    { ...base, id: "a1", headers: {}, orderingKey: "a" },
+    { ...base, id: "a2", headers: {}, orderingKey: "a" },
+    { ...base, id: "b1", headers: {}, orderingKey: "b" },
+  ]);
+  const now = new Date();
+  for (const claim of await outbox.claimDue(10, now)) {
+    await outbox.markDead(claim, { error: "poison", now });
+  }
+  const observation = telemetry.observeBacklog(outbox, { store: "orders", intervalMs: 60_000 });
+  await observation.refresh();
+  let points = await metricPoints(otel.reader);
+  assert.equal(sum(points.get("outbox.keys.blocked"), { "outbox.store": "orders" }), 2);
+  await outbox.unblockKey("a", { action: "skip" });
+  await observation.refresh();
+  points = await metricPoints(otel.reader);
+  assert.equal(sum(points.get("outbox.keys.blocked"), { "outbox.store": "orders" }), 1);
+  await observation.stop();
 });

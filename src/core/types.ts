@@ -333,6 +333,11 @@ export interface OutboxStats {
   oldestDueCreatedAt?: string;
   /** `now - oldestDueCreatedAt` in milliseconds. */
   oldestDueAgeMs?: number;
+  /**
+   * Ordering keys blocked by a dead head (see {@linkcode OutboxAdmin.blockedKeys}); stores
+   * without ordering keys leave it out.
+   */
+  blockedKeys?: number;
 }
 
 /**

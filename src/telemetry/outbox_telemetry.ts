@@ -131,7 +131,8 @@ export interface BacklogObservation extends AsyncDisposable {
  * Metric names: `outbox.messages.dispatched`, `outbox.messages.failed`, `outbox.messages.dead`,
  * `outbox.messages.duplicate_acks` (counters); `outbox.publish.duration` and
  * `outbox.message.time_in_outbox` (histograms, seconds); `outbox.messages.due` and
- * `outbox.oldest_due.age` (observable gauges, seconds); `inbox.messages.duplicates`,
+ * `outbox.oldest_due.age` (observable gauges, seconds), `outbox.keys.blocked` (observable
+ * gauge: ordering keys blocked by a dead head); `inbox.messages.duplicates`,
  * `inbox.messages.processed`; `outbox.errors` with `surface`, `direction`, `operation`, `phase`,
  * `messaging.system` and `error.type`.
  *
@@ -298,7 +299,7 @@ export class OutboxTelemetry {
   }
 
   /**
-   * Reports `outbox.messages.due` and `outbox.oldest_due.age` for `store`, sampled from
+   * Reports `outbox.messages.due`, `outbox.oldest_due.age` and `outbox.keys.blocked` for `store`, sampled from
    * `stats()` every `intervalMs` (not per publish). Call `stop()` when done.
    *
    * @example
@@ -629,6 +630,14 @@ export class OutboxTelemetry {
     const age = this.#meter.createObservableGauge("outbox.oldest_due.age", {
       description: "Age of the oldest due message, sampled from stats()",
       unit: "s",
+    });
+    const blocked = this.#meter.createObservableGauge("outbox.keys.blocked", {
+      description: "Ordering keys blocked by a dead head, sampled from stats()",
+    });
+    blocked.addCallback((result) => {
+      for (const [store, stats] of this.#backlog) {
+        result.observe(stats.blockedKeys ?? 0, { "outbox.store": store });
+      }
     });
     due.addCallback((result) => {
       for (const [store, stats] of this.#backlog) {

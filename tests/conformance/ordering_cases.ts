@@ -186,6 +186,7 @@ export const orderingCases: readonly ConformanceCase[] = [
         waiting: 2,
       }]);
       assert.deepEqual(await outbox.blockedKeys({ limit: 0 }), []);
+      assert.equal((await outbox.stats()).blockedKeys, 1);
       assert.deepEqual(ids(await outbox.listDead()), [a1.id]);
       assert.equal((await outbox.get(a2.id))?.state, "pending");
       assert.equal(await outbox.unblockKey(k2, { action: "retry" }), false, "k2 is not blocked");

@@ -228,6 +228,10 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
     if (stats.oldestDueCreatedAt !== undefined) {
       stats.oldestDueAgeMs = Math.max(0, now.getTime() - Date.parse(stats.oldestDueCreatedAt));
     }
+    stats.blockedKeys = 0;
+    for (const queue of this.#keys.values()) {
+      if (queue[0].message.state === "dead") stats.blockedKeys += 1;
+    }
     return Promise.resolve(stats);
   }
 

@@ -183,7 +183,7 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     blockedKeys:
       `SELECT h.ordering_key AS key, h.id AS head_id, h.updated_at AS since, h.last_error, (SELECT count(*) FROM ${o} WHERE ordering_key = h.ordering_key AND ${waitingSql}) AS waiting FROM ${o} AS h WHERE ${heldHeadsSql} AND state = 'dead' ORDER BY h.updated_at, h.seq LIMIT $1::int`,
     stats:
-      `SELECT count(*) FILTER (WHERE state = 'pending') AS pending, count(*) FILTER (WHERE state = 'claimed') AS claimed, count(*) FILTER (WHERE state = 'failed') AS failed, count(*) FILTER (WHERE key_head AND (next_attempt_at IS NULL OR next_attempt_at <= $1::timestamptz)) AS due, min(created_at) FILTER (WHERE key_head AND (next_attempt_at IS NULL OR next_attempt_at <= $1::timestamptz)) AS oldest_due, (SELECT count(*) FROM ${o} WHERE state = 'dispatched') AS dispatched, (SELECT count(*) FROM ${o} WHERE state = 'dead') AS dead FROM ${o} WHERE ${activeStatesSql}`,
+      `SELECT count(*) FILTER (WHERE state = 'pending') AS pending, count(*) FILTER (WHERE state = 'claimed') AS claimed, count(*) FILTER (WHERE state = 'failed') AS failed, count(*) FILTER (WHERE key_head AND (next_attempt_at IS NULL OR next_attempt_at <= $1::timestamptz)) AS due, min(created_at) FILTER (WHERE key_head AND (next_attempt_at IS NULL OR next_attempt_at <= $1::timestamptz)) AS oldest_due, (SELECT count(*) FROM ${o} WHERE state = 'dispatched') AS dispatched, (SELECT count(*) FROM ${o} WHERE state = 'dead') AS dead, (SELECT count(*) FROM ${o} WHERE ${heldHeadsSql} AND state = 'dead') AS blocked_keys FROM ${o} WHERE ${activeStatesSql}`,
     prune: { dispatched: prune("dispatched"), dead: prune("dead") },
     count: {
       dispatched:
@@ -268,7 +268,7 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
         terminal("dispatched")
       }) AS dispatched, (SELECT count(*) FROM ${o} WHERE ${
         terminal("dead")
-      }) AS dead FROM ${o} WHERE ${activeStatesSql}`,
+      }) AS dead, (SELECT count(*) FROM ${o} INDEXED BY ${o}_key_held_idx WHERE ${heldHeadsSql} AND state = 'dead') AS blocked_keys FROM ${o} WHERE ${activeStatesSql}`,
     prune: {
       dispatched: `DELETE FROM ${o} WHERE seq IN (SELECT seq FROM ${o} WHERE ${
         terminal("dispatched")

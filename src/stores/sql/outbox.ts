@@ -403,6 +403,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       dispatched: integer(row.dispatched) ?? 0,
       dead: integer(row.dead) ?? 0,
       due: integer(row.due) ?? 0,
+      blockedKeys: integer(row.blocked_keys) ?? 0,
     };
     const oldest = toIsoTimestamp(row.oldest_due);
     if (oldest !== undefined) {
