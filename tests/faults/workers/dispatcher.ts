@@ -21,6 +21,7 @@ import {
   NatsKvOutboxRepository,
   nodeSqliteExecutor,
   OutboxDispatcher,
+  OutboxPublishError,
   type OutboxRepository,
   type OutboxRuntime,
   postgresJsExecutor,
@@ -55,9 +56,26 @@ const base = createJetStreamRuntime(
   jetstream(nc, { timeout: config.apiTimeoutMs ?? timeoutMs }),
   { timeoutMs },
 );
+const failureRate = config.failureRate ?? 0;
 const runtime: OutboxRuntime = {
   async publishPreparedEvent(event, options) {
+    if (config.poisonFlag !== undefined && event.header.id.includes("-poison-")) {
+      let poisoned = true;
+      try {
+        Deno.statSync(config.poisonFlag);
+      } catch {
+        poisoned = false;
+      }
+      if (poisoned) throw new OutboxPublishError("permanent", "poison", { code: "poison" });
+    }
+    const roll = failureRate > 0 ? Math.random() : 1;
+    if (roll < failureRate / 2) {
+      throw new OutboxPublishError("retryable", "injected failure", { code: "injected" });
+    }
     const receipt = await base.publishPreparedEvent(event, options);
+    if (roll < failureRate) {
+      throw new OutboxPublishError("retryable", "injected lost ack", { code: "injected" });
+    }
     totals.published += 1;
     if (totals.published === config.hangAfterPublishes) {
       // Acknowledged by JetStream, but the batch never gets to record it: the parent kills us.
@@ -116,6 +134,7 @@ function start(): void {
         maxInFlight: config.maxInFlight ?? 100,
         leaseMs: config.leaseMs ?? 30_000,
         idleRetryMs: config.idleRetryMs ?? 100,
+        ...(config.retry ? { retry: config.retry } : {}),
         probeIntervalMs: config.probeIntervalMs ?? 100,
         probeMaxIntervalMs: config.probeMaxIntervalMs ?? 1_000,
         onBatch: (result) => add(result),

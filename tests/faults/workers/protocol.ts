@@ -38,6 +38,15 @@ export interface DispatcherConfig {
   startOnSignal?: boolean;
   /** Postgres `application_name` of the pool's connections. */
   applicationName?: string;
+  /**
+   * This fraction of publishes fails as `retryable`: half before the broker sees the message,
+   * half after it stored it (a lost PubAck).
+   */
+  failureRate?: number;
+  /** While this file exists, publishing a message whose id contains `-poison-` fails permanently. */
+  poisonFlag?: string;
+  /** The dispatchers' retry policy. */
+  retry?: { baseMs?: number; capMs?: number; maxAttempts?: number };
 }
 
 /** Counts a dispatcher child accumulates over its batches. */
