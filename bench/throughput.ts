@@ -9,8 +9,8 @@
  *
  * Options (all optional): `--count=20000` messages per throughput scenario, `--window=256`
  * PubAcks in flight for raw publishing, `--rounds=3` (every scenario runs once per round, rounds
- * interleave, the table shows medians), `--only=a,b,pg,sqlite,kv,memory,otel-api,otel-sdk,
- * latency,rss` (a subset), `--latency-seconds=20`, `--latency-rate=1000`, `--rss-count=100000`,
+ * interleave, the table shows medians), `--only=a,b,pg,pg-keys,pg-1key,sqlite,kv,memory,otel-api,
+ * otel-sdk,latency,rss` (a subset), `--latency-seconds=20`, `--latency-rate=1000`, `--rss-count=100000`,
  * `--no-async-traces` (nats.js connections with `noAsyncTraces: true`), `--limit` and
  * `--max-in-flight` (dispatcher options). BENCH_CHILD_FLAGS passes `deno run` flags to every
  * scenario process (for example `--cpu-prof --cpu-prof-dir=.tmp/prof`).
@@ -68,6 +68,8 @@ const { values: args } = parseArgs({
   },
 });
 const count = Number(args.count);
+/** The single-ordering-key scenario relays one message per round trip: fewer messages. */
+const singleKeyCount = Math.min(count, 2_000);
 const window = Number(args.window);
 const rounds = Number(args.rounds);
 const noAsyncTraces = args["no-async-traces"];
@@ -160,6 +162,7 @@ async function main(): Promise<void> {
   async function postgresOutbox(
     n: number,
     traced = false,
+    orderingKeys = 0,
   ): Promise<
     {
       tables: SqlOutboxTables;
@@ -174,7 +177,11 @@ async function main(): Promise<void> {
     const executor = postgresJsExecutor(sql);
     await migrate(executor, { dialect: "postgres", tables });
     const tag = uniqueName("m");
-    const batch = records(tag, s.prefix, n);
+    const plain = records(tag, s.prefix, n);
+    // With ordering keys, message i gets key i % orderingKeys (enqueued round-robin over keys).
+    const batch = orderingKeys > 0
+      ? plain.map((record, i) => ({ ...record, orderingKey: `key-${i % orderingKeys}` }))
+      : plain;
     const outbox = new SqlOutboxRepository(executor, "postgres", tables);
     await enqueueAll(outbox, traced ? traceparents(batch) : batch);
     await sql.unsafe(`VACUUM ANALYZE ${tables.outbox}`);
@@ -200,16 +207,18 @@ async function main(): Promise<void> {
     id: string,
     label: string,
     telemetry: OutboxDispatchConfig["telemetry"],
+    orderingKeys = 0,
+    messages = count,
   ): Scenario {
     return {
       id,
       label,
       async prepare() {
-        const prepared = await postgresOutbox(count, telemetry === "sdk");
+        const prepared = await postgresOutbox(messages, telemetry === "sdk", orderingKeys);
         const config: OutboxDispatchConfig = {
           natsUrl: nats,
           store: "postgres",
-          count,
+          count: messages,
           telemetry,
           postgresUrl: database.url,
           tables: prepared.tables,
@@ -261,6 +270,19 @@ async function main(): Promise<void> {
       },
     },
     dispatcherScenario("pg", "(c) OutboxDispatcher, Postgres (postgres.js)", "off"),
+    dispatcherScenario(
+      "pg-keys",
+      "(c) OutboxDispatcher, Postgres, 1,000 ordering keys",
+      "off",
+      1_000,
+    ),
+    dispatcherScenario(
+      "pg-1key",
+      `(c) OutboxDispatcher, Postgres, one ordering key (${singleKeyCount} messages)`,
+      "off",
+      1,
+      singleKeyCount,
+    ),
     {
       id: "sqlite",
       label: "(c) OutboxDispatcher, SQLite (node:sqlite, WAL file)",
@@ -554,6 +576,17 @@ async function main(): Promise<void> {
         );
       }
       const pg = medianRate("pg");
+      const keyed = medianRate("pg-keys");
+      if (pg && keyed) {
+        lines.push(
+          "",
+          `Ordering keys on Postgres: 1,000 keys ${fmt(keyed)} msg/s = ${
+            ratio(keyed / pg)
+          } of the unordered relay (target >= 0.6x)${
+            results.has("pg-1key") ? `; one key ${fmt(medianRate("pg-1key")!)} msg/s` : ""
+          }.`,
+        );
+      }
       const api = medianRate("otel-api");
       const sdk = medianRate("otel-sdk");
       if (pg && api) {

@@ -192,3 +192,22 @@ Deno.test("OutboxDispatcher on real JetStream: random publish failures never reo
     await nc.close();
   }
 });
+
+Deno.test("OutboxDispatcher: a dispatched keyed message makes it look again at once (one key drains without polling)", async () => {
+  const nc = await connectNats();
+  try {
+    await using stream = await createTestStream(nc);
+    const outbox = new MemoryOutboxRepository();
+    const ids = Array.from({ length: 30 }, (_, i) => `${stream.prefix}-one-${i}`);
+    await outbox.enqueueMany(ids.map((id) => record(id, "only-key", `${stream.prefix}.one`)));
+    const dispatcher = new OutboxDispatcher(outbox, createJetStreamRuntime(jetstream(nc)), {
+      idleRetryMs: false,
+    });
+    await dispatcher.whenIdle();
+    await dispatcher.stop();
+    assert.equal((await outbox.stats()).dispatched, ids.length, "no poll needed");
+    assert.deepEqual(await streamIds(nc, stream.name), ids);
+  } finally {
+    await nc.close();
+  }
+});

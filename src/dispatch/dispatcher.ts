@@ -233,7 +233,11 @@ export class OutboxDispatcher implements AsyncDisposable {
       ...settings,
       window: new InFlightWindow(settings.maxInFlight),
       hooks: {
-        onDispatched: options.onDispatched,
+        onDispatched: (message, info) => {
+          // Its key's next message may be due now: look again before going idle.
+          if (message.orderingKey !== undefined) this.#dirty = true;
+          options.onDispatched?.(message, info);
+        },
         onDead: options.onDead,
         onFailed: (message, info) => {
           // Failures while the breaker is open are handled by probing; the loop is still
