@@ -75,7 +75,9 @@ function openTransaction(db: Db, work: (outbox: SqlOutboxRepository) => Promise<
     const outbox = new SqlOutboxRepository(postgresJsExecutor(tx), "postgres", db.tables);
     const result = work(outbox);
     // `work` may block on a lock: report "inside" once it ran or after a short while.
-    await Promise.race([result, new Promise((resolve) => setTimeout(resolve, 300))]);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    await Promise.race([result, new Promise((resolve) => timer = setTimeout(resolve, 300))]);
+    clearTimeout(timer);
     entered();
     await result;
     await gate;
@@ -244,12 +246,16 @@ Deno.test("postgres ordering: producers in transactions and claimers on two driv
     const claiming = [claim(claimers[0]), claim(claimers[1]), claim(claimers[0])];
     await Promise.all(Array.from({ length: producers }, (_, p) => produce(p)));
     producing = false;
+    let timer: ReturnType<typeof setTimeout> | undefined;
     await Promise.race([
       Promise.all(claiming),
       new Promise((_, reject) =>
-        setTimeout(() => reject(new Error("messages left undispatched (orphaned?)")), 30_000)
+        timer = setTimeout(
+          () => reject(new Error("messages left undispatched (orphaned?)")),
+          30_000,
+        )
       ),
-    ]);
+    ]).finally(() => clearTimeout(timer));
     assert.equal(published.length, producers * perProducer * 2);
     assert.equal(new Set(published.map((m) => m.id)).size, published.length);
     // Per producer and key, the publish order is the commit order.
