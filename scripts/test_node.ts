@@ -151,11 +151,14 @@ await copyDir(join(root, "tests", "node"), join(scratch, "tests", "node"));
 await copyDir(join(root, "tests", "conformance"), join(scratch, "tests", "conformance"));
 await Deno.remove(join(scratch, "tests", "conformance", "deno.ts"));
 // The cases import the library's types from the repository root; point them at the package.
-const cases = join(scratch, "tests", "conformance", "cases.ts");
-await Deno.writeTextFile(
-  cases,
-  (await Deno.readTextFile(cases)).replace(`from "../../mod.ts"`, `from "@outbox/nats"`),
-);
+for await (const entry of Deno.readDir(join(scratch, "tests", "conformance"))) {
+  if (!entry.isFile || !entry.name.endsWith(".ts")) continue;
+  const file = join(scratch, "tests", "conformance", entry.name);
+  await Deno.writeTextFile(
+    file,
+    (await Deno.readTextFile(file)).replace(`from "../../mod.ts"`, `from "@outbox/nats"`),
+  );
+}
 await Deno.writeTextFile(
   join(scratch, "tsconfig.json"),
   JSON.stringify({

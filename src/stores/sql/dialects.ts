@@ -126,11 +126,11 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   const head =
     `head AS (SELECT 1 FROM ${o} WHERE ordering_key = $8::text AND key_head FOR KEY SHARE)`;
   const batch =
-    `input AS (SELECT r.v, r.ord, r.v->>'orderingKey' AS k FROM json_array_elements($1::text::json) WITH ORDINALITY AS r(v, ord)), heads AS (SELECT ordering_key FROM ${o} WHERE key_head AND ordering_key IN (SELECT k FROM input WHERE k IS NOT NULL) FOR KEY SHARE), firsts AS (SELECT min(ord) AS ord FROM input WHERE k IS NOT NULL GROUP BY k), rows AS (SELECT i.v, i.ord, i.k, (i.k IS NULL OR (i.k NOT IN (SELECT ordering_key FROM heads) AND i.ord IN (SELECT ord FROM firsts))) AS head FROM input AS i)`;
+    `input AS (SELECT r.v, r.ord, r.v->>'orderingKey' AS k FROM json_array_elements($1::text::json) WITH ORDINALITY AS r(v, ord)), heads AS (SELECT ordering_key FROM ${o} WHERE key_head AND ordering_key IN (SELECT k FROM input WHERE k IS NOT NULL) FOR KEY SHARE), firsts AS (SELECT min(ord) AS ord FROM input WHERE k IS NOT NULL GROUP BY k), batch_rows AS (SELECT i.v, i.ord, i.k, (i.k IS NULL OR (i.k NOT IN (SELECT ordering_key FROM heads) AND i.ord IN (SELECT ord FROM firsts))) AS head FROM input AS i)`;
   // Followers of a row that would become a new head are held back (a new head may lose to a
   // concurrent one and be inserted again later, after them); they go in the next round.
   const batchInsert =
-    `INSERT INTO ${o} AS t (${insertColumns}) SELECT v->>'id', v->>'kind', v->>'name', v->>'subject', v->>'payload', (v->>'headers')::jsonb, 'pending', 0, $2::timestamptz, $2::timestamptz, k, head FROM rows WHERE NOT EXISTS (SELECT 1 FROM ${o} AS x JOIN input AS i ON x.id = i.v->>'id') AND (head OR k IN (SELECT ordering_key FROM heads)) ORDER BY ord ON CONFLICT DO NOTHING RETURNING ${columns}`;
+    `INSERT INTO ${o} AS t (${insertColumns}) SELECT v->>'id', v->>'kind', v->>'name', v->>'subject', v->>'payload', (v->>'headers')::jsonb, 'pending', 0, $2::timestamptz, $2::timestamptz, k, head FROM batch_rows WHERE NOT EXISTS (SELECT 1 FROM ${o} AS x JOIN input AS i ON x.id = i.v->>'id') AND (head OR k IN (SELECT ordering_key FROM heads)) ORDER BY ord ON CONFLICT DO NOTHING RETURNING ${columns}`;
   // markMany: the fence is written `state || '' = 'claimed'` on purpose. A plain `state =
   // 'claimed'` lets the planner prove the partial claim index usable and, misled by its estimate
   // of claimed rows, scan every active row for a hash join; the batch must instead probe the
