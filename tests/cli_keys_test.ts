@@ -46,6 +46,9 @@ for (const [name, open] of [["postgres", postgresStore], ["sqlite", sqliteStore]
     assert.match(lines[1], new RegExp(`^${p}-a\\s+${p}-a1\\s+\\S+\\s+2\\s+no stream for subject$`));
     assert.equal(lines[2], "1 blocked key");
 
+    const status = await runCli(["status", ...store.args]);
+    assert.match(status.stdout, /^\s+blocked keys\s+1 \(see outbox-nats keys blocked\)$/m);
+
     const json = await runCli(["keys", "blocked", ...store.args, "--json"]);
     const [blocked] = JSON.parse(json.stdout);
     assert.deepEqual(

@@ -36,6 +36,9 @@ export function formatStatus(report: StatusReport): string {
         : `${formatDuration(report.oldestDueAgeMs)} (since ${report.oldestDueCreatedAt})`,
     ],
   ];
+  if (report.blockedKeys) {
+    rows.push(["blocked keys", `${report.blockedKeys} (see outbox-nats keys blocked)`]);
+  }
   const width = Math.max(...rows.map(([label]) => label.length));
   const numbers = Math.max(...rows.slice(0, 6).map(([, value]) => value.length));
   const body = rows.map(([label, value], index) =>
