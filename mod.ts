@@ -146,6 +146,13 @@ export {
 } from "./src/runtime/jetstream.ts";
 export { classifyJetStreamError } from "./src/runtime/jetstream_errors.ts";
 export {
+  defaultPubAckWindow,
+  type PubAck,
+  type PubAckConnection,
+  PubAckPipeline,
+  pubAckPipelineFor,
+} from "./src/runtime/pub_ack_pipeline.ts";
+export {
   defaultSqlOutboxTables,
   maxSqlTableNameLength,
   type ResolvedSqlOutboxTables,
