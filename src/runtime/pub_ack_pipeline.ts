@@ -98,9 +98,11 @@ const decoder = new TextDecoder();
  *   nats.js error; a reply that arrives after its publish timed out is ignored.
  * - At most `window` publishes await their PubAck; the others queue (FIFO) and their timeout
  *   runs while they wait.
- * - The reply subscription survives reconnects (nats.js re-subscribes it). If it closes (the
- *   connection drains or closes, or a permissions error), every pending publish fails and the
- *   next publish creates a new one (unless the connection is closed or draining).
+ * - The reply subscription survives reconnects (nats.js re-subscribes it). PubAcks lost with
+ *   the connection, and messages nats.js discards while reconnecting, fail by their timeout. If
+ *   the subscription closes (the connection drains or closes, or a permissions error), every
+ *   pending publish fails at once and the next publish creates a new one. A publish on a closed
+ *   or draining connection fails at once.
  *
  * Use {@linkcode pubAckPipelineFor} to share one pipeline per connection.
  *
@@ -198,6 +200,8 @@ export class PubAckPipeline {
   #send(entry: Entry): boolean {
     const token = (this.#nextToken++).toString(36);
     try {
+      // While the connection drains, its reply subscription is going away: fail at once.
+      if (this.#nc.isDraining()) throw new errors.DrainingConnectionError();
       if (this.#subscription === undefined) this.#subscribe();
       this.#nc.publish(entry.subject, entry.payload, {
         reply: this.#replyPrefix + token,
