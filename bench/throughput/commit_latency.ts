@@ -37,6 +37,8 @@ export interface CommitLatencyConfig {
   seconds: number;
   warmupSeconds: number;
   wake: "notify" | "listen";
+  /** The runtime's `publisher` option. */
+  publisher?: "pipeline" | "js.publish";
 }
 
 /** The `q` quantile (0..1) of sorted `values`, nearest rank. */
@@ -58,6 +60,7 @@ if (import.meta.main) {
   const markedAt = new Float64Array(total);
 
   const runtime = createJetStreamRuntime(jetstream(nc), {
+    publisher: config.publisher,
     onPublished: (event) => {
       const k = index.get(event.header.id);
       if (k !== undefined) ackedAt[k] = performance.now();
