@@ -149,8 +149,11 @@ export {
   defaultPubAckWindow,
   type PubAck,
   type PubAckConnection,
+  type PubAckHeaders,
   PubAckPipeline,
   pubAckPipelineFor,
+  type PubAckReply,
+  type PubAckSubscription,
 } from "./src/runtime/pub_ack_pipeline.ts";
 export {
   defaultSqlOutboxTables,

@@ -16,7 +16,14 @@ import {
   PubAckPipeline,
   pubAckPipelineFor,
 } from "../mod.ts";
-import { connectNats, createTestStream, eventually, NatsServer, sleep, uniqueName } from "./kit/mod.ts";
+import {
+  connectNats,
+  createTestStream,
+  eventually,
+  NatsServer,
+  sleep,
+  uniqueName,
+} from "./kit/mod.ts";
 
 function event(subject: string, id = uniqueName("id"), headers: Record<string, string> = {}) {
   return {
@@ -265,7 +272,9 @@ Deno.test("PubAckPipeline: the window holds back publishes until PubAcks free sl
     );
     const errors = await Promise.all(held);
     assert.ok(performance.now() - started < 2_000);
-    for (const error of errors) assert.deepEqual([error.kind, error.code], ["unavailable", "timeout"]);
+    for (const error of errors) {
+      assert.deepEqual([error.kind, error.code], ["unavailable", "timeout"]);
+    }
     assert.equal(pipeline.pending, 0);
     server.resume();
   } finally {

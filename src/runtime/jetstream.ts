@@ -4,7 +4,7 @@
  * @module
  */
 
-import { headers as natsHeaders, type MsgHdrs } from "@nats-io/nats-core";
+import { headers as natsHeaders } from "@nats-io/nats-core";
 import { OutboxPublishError } from "../core/errors.ts";
 import { outboxHeaders } from "../core/events.ts";
 import type {
@@ -20,6 +20,7 @@ import {
   defaultPubAckWindow,
   type PubAck,
   type PubAckConnection,
+  type PubAckHeaders,
   pubAckPipelineFor,
 } from "./pub_ack_pipeline.ts";
 
@@ -254,7 +255,7 @@ const messageIdLower = outboxHeaders.messageId.toLowerCase();
 type Send = (
   subject: string,
   payload: string | Uint8Array,
-  headers: MsgHdrs,
+  headers: PubAckHeaders,
   timeoutMs: number,
 ) => Promise<PubAck>;
 

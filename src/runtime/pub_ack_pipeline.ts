@@ -13,7 +13,7 @@
  * @module
  */
 
-import { createInbox, errors, type Msg, type MsgHdrs, type Subscription } from "@nats-io/nats-core";
+import { createInbox, errors } from "@nats-io/nats-core";
 import { pubAckApiError, pubAckInvalidError } from "./jetstream_errors.ts";
 
 /**
@@ -27,6 +27,51 @@ import { pubAckApiError, pubAckInvalidError } from "./jetstream_errors.ts";
  * ```
  */
 export const defaultPubAckWindow = 1024;
+
+/**
+ * Message headers as nats.js builds them: a `PubAckHeaders` (`headers()` from `@nats-io/nats-core`).
+ * Typed loosely so this API does not depend on nats.js's types; nats.js checks them.
+ *
+ * @example
+ * ```ts
+ * import { headers } from "@nats-io/nats-core";
+ * import type { PubAckHeaders } from "@outbox/nats";
+ * const h: PubAckHeaders = headers();
+ * ```
+ */
+export type PubAckHeaders = object;
+
+/**
+ * A reply as the pipeline reads it (a nats.js `Msg`).
+ *
+ * @example
+ * ```ts
+ * import type { PubAckReply } from "@outbox/nats";
+ * const reply: PubAckReply = { subject: "_INBOX.abc.1", data: new Uint8Array() };
+ * ```
+ */
+export interface PubAckReply {
+  /** The reply subject: `<inbox>.<token>`. */
+  readonly subject: string;
+  /** The body: a PubAck or an API error as JSON; empty for a status message. */
+  readonly data: Uint8Array;
+  /** Status headers (503: no responders). */
+  readonly headers?: { readonly code: number; readonly description: string };
+}
+
+/**
+ * The reply subscription as the pipeline uses it (a nats.js `Subscription`).
+ *
+ * @example
+ * ```ts
+ * import type { PubAckSubscription } from "@outbox/nats";
+ * const subscription: PubAckSubscription = { closed: Promise.resolve() };
+ * ```
+ */
+export interface PubAckSubscription {
+  /** Resolves when the subscription ends (unsubscribed, drained, connection closed). */
+  readonly closed: Promise<void | Error>;
+}
 
 /**
  * The part of a nats.js connection (`NatsConnection`, any transport) the pipeline uses.
@@ -43,13 +88,13 @@ export interface PubAckConnection {
   publish(
     subject: string,
     payload?: string | Uint8Array,
-    options?: { reply?: string; headers?: MsgHdrs },
+    options?: { reply?: string; headers?: PubAckHeaders },
   ): void;
   /** Subscribes with a callback. */
   subscribe(
     subject: string,
-    options: { callback: (error: Error | null, msg: Msg) => void },
-  ): Subscription;
+    options: { callback: (error: Error | null, msg: PubAckReply) => void },
+  ): PubAckSubscription;
   /** `true` once the connection is closed. */
   isClosed(): boolean;
   /** `true` while the connection drains. */
@@ -79,7 +124,7 @@ export interface PubAck {
 interface Entry {
   subject: string;
   payload: string | Uint8Array | undefined;
-  headers: MsgHdrs | undefined;
+  headers: PubAckHeaders | undefined;
   /** `performance.now()` time after which the publish fails with a timeout. */
   deadline: number;
   resolve: (ack: PubAck) => void;
@@ -125,7 +170,7 @@ export class PubAckPipeline {
   readonly #nc: PubAckConnection;
   readonly #inboxPrefix: string | undefined;
   #window: number;
-  #subscription: Subscription | undefined;
+  #subscription: PubAckSubscription | undefined;
   /** `<inbox>.`: reply subjects are this plus a token. */
   #replyPrefix = "";
   #nextToken = 0;
@@ -138,6 +183,8 @@ export class PubAckPipeline {
   #connectionClosed = false;
 
   /**
+   * Creates a pipeline on `nc`; the reply subscription is made on first publish.
+   *
    * @param nc A nats.js connection (any transport).
    * @param options `window`: PubAcks awaited at once (@default {1024}); `inboxPrefix`: the
    * prefix of the reply subject (@default the connection's `inboxPrefix` option, else `_INBOX`).
@@ -175,7 +222,7 @@ export class PubAckPipeline {
   publish(
     subject: string,
     payload: string | Uint8Array | undefined,
-    headers: MsgHdrs | undefined,
+    headers: PubAckHeaders | undefined,
     timeoutMs: number,
   ): Promise<PubAck> {
     return new Promise<PubAck>((resolve, reject) => {
@@ -235,7 +282,7 @@ export class PubAckPipeline {
     );
   }
 
-  #reply(replyPrefix: string, msg: Msg): void {
+  #reply(replyPrefix: string, msg: PubAckReply): void {
     if (replyPrefix !== this.#replyPrefix) return;
     const token = msg.subject.substring(replyPrefix.length);
     const entry = this.#pending.get(token);
@@ -303,7 +350,7 @@ export class PubAckPipeline {
   };
 
   /** The reply subscription ended: its pending publishes fail; the next publish re-subscribes. */
-  #failSubscription(subscription: Subscription, cause?: unknown): void {
+  #failSubscription(subscription: PubAckSubscription, cause?: unknown): void {
     if (this.#subscription !== subscription) return;
     this.#subscription = undefined;
     this.#replyPrefix = "";
@@ -368,7 +415,7 @@ export function pubAckPipelineFor(
   return pipeline;
 }
 
-function settle(entry: Entry, msg: Msg): void {
+function settle(entry: Entry, msg: PubAckReply): void {
   const data = msg.data;
   if (data.length === 0) {
     const status = msg.headers;
