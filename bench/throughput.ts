@@ -526,7 +526,11 @@ async function main(): Promise<void> {
               Number(result.meanClaimed).toFixed(1)
             } messages on average, ${
               Number(result.meanClaimMs).toFixed(2)
-            } ms each (load ${loadAverage()})`,
+            } ms each; commit -> start of its claim p50 ${
+              (result.commitToClaimStarted as Record<string, number>).p50.toFixed(1)
+            } / p99 ${
+              (result.commitToClaimStarted as Record<string, number>).p99.toFixed(1)
+            } ms (load ${loadAverage()})`,
           );
           byWake.set(wake, [...(byWake.get(wake) ?? []), result]);
         }
