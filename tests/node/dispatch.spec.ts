@@ -42,7 +42,7 @@ test("node: OutboxDispatcher publishes to JetStream and settles every message", 
   }
 });
 
-test("node: the pipelined publisher acks, absorbs duplicates and times out on the Node transport", async () => {
+test("node: the pipelined publisher acks, absorbs duplicates and classifies 503 on the Node transport", async () => {
   const nc = await connect({ servers: natsUrl() });
   const name = uniqueName("node_pipeline");
   const jsm = await jetstreamManager(nc);
