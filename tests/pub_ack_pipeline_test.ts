@@ -11,7 +11,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import {
   classifyJetStreamError,
   createJetStreamRuntime,
-  OutboxPublishError,
+  type OutboxPublishError,
   type PreparedEvent,
   PubAckPipeline,
   pubAckPipelineFor,
