@@ -152,6 +152,10 @@ export interface JetStreamOutboxRuntime extends OutboxRuntime {
  * closed connection is `unavailable`, a payload over `max_payload` or an invalid subject is
  * `permanent`.
  *
+ * Messages go out through the connection's shared {@linkcode PubAckPipeline} (one reply
+ * subscription, a bounded window, one sweeping timer) unless `publisher: "js.publish"` is set or
+ * `js` has no `getConnection()`.
+ *
  * `probe()` sends a JetStream account-info request (waiting as long as the client's own API
  * timeout, 5 s unless configured in `jetstream(nc, { timeout })`) and publishes nothing.
  *
