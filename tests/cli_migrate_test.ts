@@ -32,9 +32,14 @@ Deno.test("cli migrate postgres: --print lists pending SQL without changing anyt
 
     const printed = await runCli(["migrate", "--print", ...args]);
     assert.equal(printed.code, 0, printed.stderr);
-    assert.match(printed.stdout, /2 pending migration\(s\) for .* version 0 -> 2/);
+    assert.match(printed.stdout, /3 pending migration\(s\) for .* version 0 -> 3/);
     assert.match(printed.stdout, /^-- trellis_sql_outbox_inbox_postgres_v1 \(version 1, fnv1a64:/m);
     assert.match(printed.stdout, /^-- trellis_sql_outbox_inbox_postgres_v2 \(version 2, fnv1a64:/m);
+    assert.match(printed.stdout, /^-- trellis_sql_outbox_inbox_postgres_v3 \(version 3, fnv1a64:/m);
+    assert.match(
+      printed.stdout,
+      new RegExp(`^ALTER TABLE ${outbox} ADD COLUMN claim_token text;$`, "m"),
+    );
     assert.match(printed.stdout, new RegExp(`^CREATE TABLE IF NOT EXISTS ${outbox} \\(`, "m"));
     assert.equal(await exists(), false, "--print changed nothing");
 
@@ -42,12 +47,12 @@ Deno.test("cli migrate postgres: --print lists pending SQL without changing anyt
     assert.equal(applied.code, 0, applied.stderr);
     assert.match(
       applied.stdout,
-      /from version 0 to 2: applied trellis_sql_outbox_inbox_postgres_v1, trellis_sql_outbox_inbox_postgres_v2/,
+      /from version 0 to 3: applied trellis_sql_outbox_inbox_postgres_v1, trellis_sql_outbox_inbox_postgres_v2, trellis_sql_outbox_inbox_postgres_v3/,
     );
     assert.equal(await exists(), true);
 
     const again = await runCli(["migrate", "--print", ...args]);
-    assert.match(again.stdout, /nothing to migrate: .* at version 2/);
+    assert.match(again.stdout, /nothing to migrate: .* at version 3/);
     const status = await runCli(["status", ...args, "--json"]);
     assert.equal(status.code, 0, status.stderr);
     assert.equal(JSON.parse(status.stdout).pending, 0);
@@ -81,13 +86,13 @@ Deno.test("cli migrate postgres: tables made by the reference's DDL are upgraded
       printed.stdout,
       /exists without a migration record: "outbox-nats migrate" adopts it at version 1/,
     );
-    assert.match(printed.stdout, /version 1 -> 2/);
+    assert.match(printed.stdout, /version 1 -> 3/);
     assert.doesNotMatch(printed.stdout, /_v1 \(version 1/);
     assert.match(printed.stdout, new RegExp(`^ALTER TABLE ${outbox} ADD COLUMN seq bigint;$`, "m"));
 
     const applied = await runCli(["migrate", ...args]);
     assert.equal(applied.code, 0, applied.stderr);
-    assert.match(applied.stdout, /from version 1 to 2 \(existing tables adopted at version 1\)/);
+    assert.match(applied.stdout, /from version 1 to 3 \(existing tables adopted at version 1\)/);
     assert.equal((await runCli(["status", ...args])).code, 0);
   } finally {
     await sql.end();
@@ -100,18 +105,18 @@ Deno.test("cli migrate sqlite: --print on a missing file, then migrate creates t
     const path = join(dir, "app.db");
     const printed = await runCli(["migrate", "--print", "--store", `sqlite:${path}`]);
     assert.equal(printed.code, 0, printed.stderr);
-    assert.match(printed.stdout, /does not exist: all 2 migrations are pending/);
+    assert.match(printed.stdout, /does not exist: all 3 migrations are pending/);
     assert.match(printed.stdout, /^CREATE TABLE IF NOT EXISTS trellis_outbox \(/m);
     await assert.rejects(Deno.stat(path), Deno.errors.NotFound);
 
     const applied = await runCli(["migrate", "--store", `sqlite:${path}`]);
     assert.equal(applied.code, 0, applied.stderr);
-    assert.match(applied.stdout, /from version 0 to 2/);
+    assert.match(applied.stdout, /from version 0 to 3/);
     const db = new DatabaseSync(path);
     try {
       const rows = db.prepare("SELECT version FROM trellis_outbox_migrations ORDER BY version")
         .all() as Array<{ version: number }>;
-      assert.deepEqual(rows.map((row) => Number(row.version)), [1, 2]);
+      assert.deepEqual(rows.map((row) => Number(row.version)), [1, 2, 3]);
     } finally {
       db.close();
     }

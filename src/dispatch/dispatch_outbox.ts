@@ -23,6 +23,7 @@ import {
 import { addMs, defaultLeaseMs } from "../core/time.ts";
 import type {
   JsonValue,
+  OutboxClaim,
   OutboxMark,
   OutboxMessage,
   OutboxPublishReceipt,
@@ -618,11 +619,12 @@ function describe(error: OutboxPublishError): string {
 }
 
 function toMark(message: OutboxMessage, settlement: Settlement): OutboxMark {
-  const claim = {
+  const claim: OutboxClaim = {
     id: message.id,
     attempts: message.attempts,
     nextAttemptAt: message.nextAttemptAt,
   };
+  if (message.claimToken !== undefined) claim.claimToken = message.claimToken;
   switch (settlement.state) {
     case "dispatched":
       return settlement.info.outcome === undefined

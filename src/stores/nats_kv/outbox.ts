@@ -31,6 +31,7 @@ import {
   checkedLimit,
   nonNegative,
 } from "../../core/limits.ts";
+import { type FenceVerdict, fenceVerdict, newClaimToken } from "../../core/fence.ts";
 import { addMs } from "../../core/time.ts";
 import type {
   JsonValue,
@@ -277,6 +278,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const nowMs = now.getTime();
     const nowIso = now.toISOString();
     const leaseUntil = addMs(now, leaseMs).toISOString();
+    const claimToken = newClaimToken();
     const tried = new Set<string>();
     const claimed: Claimed[] = [];
     const failures: unknown[] = [];
@@ -324,10 +326,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         });
         const won = await Promise.all(
           due.map(({ entry, record, revision }) =>
-            this.#claimOne(entry, record, revision, nowIso, leaseUntil).catch((error) => {
-              failures.push(error);
-              return undefined;
-            })
+            this.#claimOne(entry, record, revision, nowIso, leaseUntil, claimToken).catch(
+              (error) => {
+                failures.push(error);
+                return undefined;
+              },
+            )
           ),
         );
         let gained = 0;
@@ -368,16 +372,35 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /**
-   * Settles many claims; one boolean per mark. Every mark's KV operations are issued at once
-   * (one write each for claims made by this repository, a read and a write otherwise), so a
-   * batch costs about one round trip, plus one for the marker updates. Rejects if the KV
-   * reports an error other than a lost race, after every mark has settled.
+   * Settles many claims; one boolean per mark (see {@linkcode OutboxClaim} for the rules). The
+   * marks of different ids are issued at once (one write each for claims made by this
+   * repository, a read and a write otherwise), so a batch costs about one round trip, plus one
+   * for the marker updates. Marks of the same id are settled one after the other in input
+   * order, so the first decides and the later ones see its effect. Rejects if the KV reports an
+   * error other than a lost race, after every mark has settled; calling it again with the same
+   * marks then reports the ones that had applied as `true`.
    */
   async markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
-    const settled = await Promise.allSettled(marks.map((mark) => this.#settle(mark, now)));
-    const failed = settled.find((result) => result.status === "rejected");
+    const chains = new Map<string, number[]>();
+    marks.forEach((mark, index) => {
+      const key = typeof mark?.claim?.id === "string" ? mark.claim.id : `\u0000${index}`;
+      const chain = chains.get(key);
+      if (chain) chain.push(index);
+      else chains.set(key, [index]);
+    });
+    const results = new Array<PromiseSettledResult<boolean>>(marks.length);
+    await Promise.all([...chains.values()].map(async (chain) => {
+      for (const index of chain) {
+        try {
+          results[index] = { status: "fulfilled", value: await this.#settle(marks[index], now) };
+        } catch (reason) {
+          results[index] = { status: "rejected", reason };
+        }
+      }
+    }));
+    const failed = results.find((result) => result.status === "rejected");
     if (failed) throw (failed as PromiseRejectedResult).reason;
-    return settled.map((result) => (result as PromiseFulfilledResult<boolean>).value);
+    return results.map((result) => (result as PromiseFulfilledResult<boolean>).value);
   }
 
   /**
@@ -775,6 +798,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     revision: number,
     nowIso: string,
     leaseUntil: string,
+    claimToken: string,
   ): Promise<Claimed | undefined> {
     const next: StoredOutboxRecord = {
       ...record,
@@ -783,6 +807,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       updatedAt: nowIso,
       nextAttemptAt: leaseUntil,
       seq: record.seq ?? entry.order,
+      claimToken,
     };
     let written: number;
     try {
@@ -841,13 +866,15 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     }
     const key = await outboxRecordKey(claim.id);
     const cached = this.#claims.get(claim.id);
-    let current = cached && fenceHolds(cached.record, claim) ? cached : undefined;
+    let current = cached && verdictOf(cached.record, mark) === "apply" ? cached : undefined;
     for (let attempt = 0; attempt < 3; attempt++) {
       if (!current) {
         const got = await this.#kv.get(key);
         if (!got || got.operation !== "PUT") return false;
         const decoded = codec.decodeRecord(got.value, claim.id);
-        if (!decoded.ok || !fenceHolds(decoded.record, claim)) return false;
+        if (!decoded.ok) return false;
+        const verdict = verdictOf(decoded.record, mark);
+        if (verdict !== "apply") return verdict === "applied";
         current = { record: decoded.record, revision: got.revision };
       }
       const next = applyMark(current.record, mark, now.toISOString());
@@ -965,9 +992,8 @@ function errorNamed(error: unknown, name: string): boolean {
 /** Most records a claim reads in one round when its index hints turn out stale. */
 const maxReadAhead = 512;
 
-function fenceHolds(record: StoredOutboxRecord, claim: OutboxClaim): boolean {
-  return record.state === "claimed" && record.attempts === claim.attempts &&
-    (claim.nextAttemptAt === undefined || claim.nextAttemptAt === record.nextAttemptAt);
+function verdictOf(record: StoredOutboxRecord, mark: OutboxMark): FenceVerdict {
+  return fenceVerdict(record, mark.claim, mark.state);
 }
 
 function applyMark(
