@@ -76,7 +76,9 @@ import { rawPurger, removeIfUnchanged, scanLatest } from "./scan.ts";
 export interface NatsKvOutboxOptions {
   /**
    * How old a marker must be before a claim that finds no record behind it deletes it (a
-   * record write still in flight must not lose its marker).
+   * record write still in flight must not lose its marker). Measured on the NATS server's clock
+   * only: the marker's write time against the newest write time the watch has shown (the
+   * claims' own sync writes keep that current), so a skewed process clock changes nothing.
    *
    * @default {60000}
    */
@@ -830,24 +832,30 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     entry: ActiveEntry,
   ): Promise<{ record: StoredOutboxRecord; revision: number } | "dropped" | "waiting"> {
     const codec = await recordCodec();
+    // The marker as seen before the read: the watch may rewrite this entry meanwhile (a
+    // requeue's new marker), and only the marker observed here may be dropped.
+    const observed = entry.markerRevision;
+    const writtenMs = entry.markerWrittenMs;
     const got = await this.#kv.get(entry.recordKey);
     if (!got || got.operation !== "PUT") {
-      if (Date.now() - entry.markerWrittenMs < this.#orphanGraceMs) return "waiting";
-      await this.#dropMarker(entry);
+      // One clock: the marker's server timestamp against the server time the watch last showed.
+      if (this.#index.serverTimeMs() - writtenMs < this.#orphanGraceMs) return "waiting";
+      await this.#dropMarker(entry.markerKey, observed);
       return "dropped";
     }
     const decoded = codec.decodeRecord(got.value, entry.id);
     if (!decoded.ok || decoded.record.state === "dispatched" || decoded.record.state === "dead") {
       // A corrupt record loses its marker: it is dead from now on (get/listDead/stats say so).
-      await this.#dropMarker(entry);
+      await this.#dropMarker(entry.markerKey, observed);
       return "dropped";
     }
     return { record: decoded.record, revision: got.revision };
   }
 
-  async #dropMarker(entry: ActiveEntry): Promise<void> {
-    this.#index.forget(entry.markerKey);
-    await this.#kv.delete(entry.markerKey, { previousSeq: entry.markerRevision }).catch(() => {
+  /** Drops exactly the marker revision `observed`; a newer marker (a requeue's) stays. */
+  async #dropMarker(markerKey: string, observed: number): Promise<void> {
+    this.#index.forget(markerKey, observed);
+    await this.#kv.delete(markerKey, { previousSeq: observed }).catch(() => {
       // Changed meanwhile (requeued, rescheduled): the newer marker stays, as it should.
     });
   }
@@ -896,7 +904,6 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   /** Keeps the marker in step with a settled record (best effort: claims heal the rest). */
   async #afterMark(key: string, record: StoredOutboxRecord, revision: number): Promise<void> {
     const markerKey = markerKeyOf(key);
-    const known = this.#index.get(markerKey);
     try {
       if (record.state === "failed") {
         const marker: Marker = { v: 1, id: record.id, due: record.nextAttemptAt, rev: revision };
@@ -907,14 +914,16 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         this.#index.forget(markerKey);
         await this.#kv.delete(markerKey); // dispatched is final: nothing can revive the marker
       } else {
-        // dead can be requeued (which re-writes the marker): only delete the marker we know.
-        this.#index.forget(markerKey);
-        let previousSeq = known?.markerRevision;
-        if (previousSeq === undefined) {
-          const marker = await this.#kv.get(markerKey);
-          if (marker?.operation === "PUT") previousSeq = marker.revision;
-        }
-        if (previousSeq !== undefined) await this.#kv.delete(markerKey, { previousSeq });
+        // dead can be requeued, and a requeue right after this write puts a new marker that
+        // describes a newer record revision (`rev`): delete only a marker from before this
+        // write, exactly the revision read here (never the in-process index's idea of it).
+        const codec = await recordCodec();
+        const entry = await this.#kv.get(markerKey);
+        if (entry?.operation !== "PUT") return;
+        const marker = codec.decodeMarker(entry.value);
+        if (marker?.rev !== undefined && marker.rev > revision) return;
+        this.#index.forget(markerKey, entry.revision);
+        await this.#kv.delete(markerKey, { previousSeq: entry.revision });
       }
     } catch {
       // The record is settled; a stale marker is removed by the next claim that reads it.
