@@ -316,7 +316,9 @@ export interface OutboxRepository {
   get(id: string): Promise<OutboxMessage | undefined>;
   /**
    * Claims up to `limit` due messages, oldest first: `pending`, `failed` with `nextAttemptAt <=
-   * now`, and `claimed` whose lease expired. Each becomes `claimed` with `attempts + 1`,
+   * now`, and `claimed` whose lease expired. (The SQL stores take the oldest by enqueue order
+   * among the `limit` oldest pending messages and the `limit` earliest-due retries, so that a
+   * claim never reads messages that are not due.) Each becomes `claimed` with `attempts + 1`,
    * `nextAttemptAt = now + leaseMs` and a fresh `claimToken` (the fence of its marks). Two concurrent claimers never receive the same message.
    * A stored message that cannot be decoded is moved to `dead` with the reason and skipped.
    */

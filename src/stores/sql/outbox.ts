@@ -78,7 +78,7 @@ export interface SqlOutboxRepositoryOptions {
  * Claims are one statement (Postgres: `FOR UPDATE SKIP LOCKED`), FIFO by enqueue order, and
  * read only rows still to dispatch through a partial index, so their cost does not grow with
  * the dispatched history kept. `markMany` settles a batch in one statement, fenced per row.
- * Needs schema version 2: run {@linkcode migrate} (or the artifacts of
+ * Needs schema version 3: run {@linkcode migrate} (or the artifacts of
  * `getSqlOutboxMigrations`) first.
  *
  * @example
