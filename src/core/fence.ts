@@ -51,7 +51,7 @@ export type FenceVerdict =
 export interface FencedState {
   /** The stored state. */
   state: OutboxState;
-  /** The stored attempts (compared only for claims without a token). */
+  /** The stored attempts. */
   attempts: number;
   /** The stored lease expiry or due time (compared only for claims without a token). */
   nextAttemptAt?: string;
@@ -80,7 +80,12 @@ export function fenceVerdict(
   if (!stored) return "superseded";
   const token = claim?.claimToken;
   if (token !== undefined) {
-    if (typeof token !== "string" || stored.claimToken !== token) return "superseded";
+    if (
+      typeof token !== "string" || stored.claimToken !== token ||
+      stored.attempts !== claim.attempts
+    ) {
+      return "superseded";
+    }
     if (stored.state === "claimed") return "apply";
     return stored.state === target ? "applied" : "superseded";
   }

@@ -160,7 +160,9 @@ export interface OutboxMessage extends OutboxRecord {
  * must present to settle a message. Every claimed `OutboxMessage` is a valid claim.
  *
  * **With `claimToken`** (every message `claimDue` returns carries one), the stores decide
- * exactly, the same way on every store:
+ * exactly, the same way on every store (`attempts` must match as well: it guards against
+ * writers that claim without writing a token, such as older library versions during a rolling
+ * upgrade):
  *
  * 1. The stored message is `claimed` with this `claimToken`: the mark applies, returns `true`.
  * 2. The stored message is already in the mark's target state (`dispatched`, `failed` or
@@ -174,7 +176,7 @@ export interface OutboxMessage extends OutboxRecord {
  *    `dead`). Once a later claim has taken the message, marks of the earlier claim return
  *    `false` even if one of them had applied.
  *
- * `attempts` and `nextAttemptAt` are then not compared. Tokens are compared as opaque strings;
+ * `nextAttemptAt` is then not compared. Tokens are compared as opaque strings;
  * the library never decodes a timestamp to fence, so a database session's DateStyle or time
  * zone cannot break it.
  *
@@ -197,14 +199,14 @@ export interface OutboxMessage extends OutboxRecord {
 export interface OutboxClaim {
   /** The message id. */
   id: string;
-  /** `attempts` as returned by `claimDue` (part of the fence only without `claimToken`). */
+  /** `attempts` as returned by `claimDue`. */
   attempts: number;
   /**
    * The lease expiry returned by `claimDue`. Without `claimToken`, when given, it is part of the
    * fence, so a claim from before a requeue can never settle the message again.
    */
   nextAttemptAt?: string;
-  /** The claim's token as returned by `claimDue`; when given, it alone is the fence. */
+  /** The claim's token as returned by `claimDue`; when given, it and `attempts` are the fence. */
   claimToken?: string;
 }
 

@@ -439,7 +439,7 @@ export const conformanceCases: readonly ConformanceCase[] = [
     },
   },
   {
-    name: "the token alone fences: attempts and lease do not settle a claim with another token",
+    name: "the token fences: attempts and lease do not settle a claim with another token",
     async run({ outbox }) {
       const [r] = await enqueueAll(outbox, 1);
       const t0 = new Date();
@@ -448,8 +448,10 @@ export const conformanceCases: readonly ConformanceCase[] = [
       assert.equal(await outbox.markDispatched(forged, at(t0, 1)), false);
       assert.equal(await outbox.markDead(forged, { error: "x", now: at(t0, 1) }), false);
       assert.equal((await outbox.get(r.id))?.state, "claimed");
-      // The token is compared, not the timestamps: a lease written differently still settles.
-      const other = { ...claim, nextAttemptAt: "1999-01-01T00:00:00.000Z", attempts: 99 };
+      // The token and attempts are compared (a writer that claims without writing a token, as
+      // an older version would, changes attempts), not the timestamps.
+      assert.equal(await outbox.markDispatched({ ...claim, attempts: 99 }, at(t0, 1)), false);
+      const other = { ...claim, nextAttemptAt: "1999-01-01T00:00:00.000Z" };
       assert.equal(await outbox.markDispatched(other, at(t0, 1)), true);
     },
   },

@@ -35,7 +35,8 @@ export interface OutboxStatements {
    */
   markMany: string;
   /**
-   * $1 JSON array of {id, token, state}: the ids already in `state` with claim token `token`
+   * $1 JSON array of {id, attempts, token, state}: the ids already in `state` with claim token
+   * `token` and the same attempts
    * (marks applied before by the same claim)
    */
   markApplied: string;
@@ -123,12 +124,13 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
       `UPDATE ${o} AS t SET state = 'claimed', attempts = t.attempts + 1, updated_at = $1::timestamptz, next_attempt_at = $2::timestamptz, claim_token = $4 WHERE t.id = ANY(ARRAY(WITH p AS (SELECT id, seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT $3::int FOR UPDATE SKIP LOCKED), r AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= $1::timestamptz ORDER BY next_attempt_at LIMIT $3::int FOR UPDATE SKIP LOCKED) SELECT c.id FROM (SELECT id, seq FROM p UNION ALL SELECT id, seq FROM r) AS c ORDER BY c.seq LIMIT $3::int)) RETURNING ${columns}`,
     deadCorrupt:
       `UPDATE ${o} SET state = 'dead', next_attempt_at = NULL, last_error = $3, updated_at = $4::timestamptz WHERE seq = $1::bigint AND state = 'claimed' AND claim_token = $2`,
-    // With a token, the token alone is the fence; without one (claims built by hand), attempts
-    // and the lease expiry as in version 2.
+    // With a token, the token and attempts are the fence (attempts guards against writers that
+    // claim without writing a token: older library versions during a rolling upgrade); without
+    // one (claims built by hand), attempts and the lease expiry as in version 2.
     markMany:
-      `UPDATE ${o} AS t SET state = m.state, updated_at = $2::timestamptz, next_attempt_at = m.next, last_error = CASE WHEN m.state = 'dispatched' THEN NULL ELSE m.error END, outcome = CASE WHEN m.outcome IS NULL THEN t.outcome ELSE m.outcome::jsonb END FROM json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, token text, state text, error text, next timestamptz, outcome text) WHERE t.id = m.id AND t.state || '' = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token END) RETURNING t.id`,
+      `UPDATE ${o} AS t SET state = m.state, updated_at = $2::timestamptz, next_attempt_at = m.next, last_error = CASE WHEN m.state = 'dispatched' THEN NULL ELSE m.error END, outcome = CASE WHEN m.outcome IS NULL THEN t.outcome ELSE m.outcome::jsonb END FROM json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, token text, state text, error text, next timestamptz, outcome text) WHERE t.id = m.id AND t.state || '' = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token AND t.attempts = m.attempts END) RETURNING t.id`,
     markApplied:
-      `SELECT t.id FROM ${o} AS t JOIN json_to_recordset($1::text::json) AS m(id text, token text, state text) ON t.id = m.id WHERE t.claim_token = m.token AND t.state = m.state`,
+      `SELECT t.id FROM ${o} AS t JOIN json_to_recordset($1::text::json) AS m(id text, attempts integer, token text, state text) ON t.id = m.id WHERE t.claim_token = m.token AND t.attempts = m.attempts AND t.state = m.state`,
     requeue:
       `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = $2::timestamptz WHERE state = 'dead' AND id IN (SELECT json_array_elements_text($1::text::json)) RETURNING id`,
     listDead:
@@ -187,12 +189,12 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
         field("next")
       } AS next, ${
         field("outcome")
-      } AS outcome FROM json_each(?1)) AS m WHERE t.id = m.id AND t.state = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token END) RETURNING id`,
+      } AS outcome FROM json_each(?1)) AS m WHERE t.id = m.id AND t.state = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token AND t.attempts = m.attempts END) RETURNING id`,
     markApplied: `SELECT t.id AS id FROM ${o} AS t JOIN (SELECT ${field("id")} AS id, ${
-      field("token")
-    } AS token, ${
+      field("attempts")
+    } AS attempts, ${field("token")} AS token, ${
       field("state")
-    } AS state FROM json_each(?1)) AS m ON t.id = m.id WHERE t.claim_token = m.token AND t.state = m.state`,
+    } AS state FROM json_each(?1)) AS m ON t.id = m.id WHERE t.claim_token = m.token AND t.attempts = m.attempts AND t.state = m.state`,
     requeue:
       `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = ?2 WHERE ${
         terminal("dead")

@@ -322,7 +322,9 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
         );
         if (unsure.length > 0) {
           const applied = await this.executor.query(this.#sql.markApplied, [
-            JSON.stringify(unsure.map(({ id, token, state }) => ({ id, token, state }))),
+            JSON.stringify(
+              unsure.map(({ id, attempts, token, state }) => ({ id, attempts, token, state })),
+            ),
           ]);
           for (const row of applied) {
             const index = indexById.get(row.id as string);
@@ -423,19 +425,14 @@ function encodeMark(mark: OutboxMark): EncodedMark | undefined {
   if (typeof claim?.id !== "string") return undefined;
   const token = claim.claimToken;
   if (token !== undefined && typeof token !== "string") return undefined;
-  if (token === undefined && !Number.isSafeInteger(claim.attempts)) return undefined;
+  if (!Number.isSafeInteger(claim.attempts)) return undefined;
   let lease: string | null = null;
   if (token === undefined && claim.nextAttemptAt !== undefined) {
     const normalised = toIsoTimestamp(claim.nextAttemptAt);
     if (normalised === undefined) return undefined;
     lease = normalised;
   }
-  const base = {
-    id: claim.id,
-    attempts: Number.isSafeInteger(claim.attempts) ? claim.attempts : 0,
-    lease,
-    token: token ?? null,
-  };
+  const base = { id: claim.id, attempts: claim.attempts, lease, token: token ?? null };
   switch (mark.state) {
     case "dispatched":
       return {
