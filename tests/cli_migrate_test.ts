@@ -9,6 +9,7 @@ import { join } from "node:path";
 import { Kvm } from "@nats-io/kv";
 import { jetstreamManager } from "@nats-io/jetstream";
 import postgres from "postgres";
+import { migrate, nodeSqliteExecutor } from "../mod.ts";
 import { runCli } from "./helpers/cli.ts";
 import { connectNats, createTestDatabase, natsUrl, uniqueName } from "./kit/mod.ts";
 import { schemaV1 } from "../src/stores/sql/schema.ts";
@@ -35,6 +36,11 @@ Deno.test("cli migrate postgres: --print lists pending SQL without changing anyt
     assert.match(printed.stdout, /3 pending migration\(s\) for .* version 0 -> 3/);
     assert.match(printed.stdout, /^-- trellis_sql_outbox_inbox_postgres_v1 \(version 1, fnv1a64:/m);
     assert.match(printed.stdout, /^-- trellis_sql_outbox_inbox_postgres_v2 \(version 2, fnv1a64:/m);
+    assert.match(printed.stdout, /^-- trellis_sql_outbox_inbox_postgres_v3 \(version 3, fnv1a64:/m);
+    assert.match(
+      printed.stdout,
+      new RegExp(`^ALTER TABLE ${outbox} ADD COLUMN claim_token text;$`, "m"),
+    );
     assert.match(printed.stdout, new RegExp(`^CREATE TABLE IF NOT EXISTS ${outbox} \\(`, "m"));
     assert.equal(await exists(), false, "--print changed nothing");
 
@@ -146,5 +152,29 @@ Deno.test("cli migrate nats-kv: creates the bucket once (--print creates nothing
   } finally {
     await (await new Kvm(nc).open(bucket)).destroy().catch(() => {});
     await nc.close();
+  }
+});
+
+Deno.test("cli: a version 2 outbox is refused by status until migrated to version 3", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "outbox-cli-" });
+  try {
+    const path = join(dir, "app.db");
+    const db = new DatabaseSync(path);
+    try {
+      await migrate(nodeSqliteExecutor(db), { dialect: "sqlite", to: 2 });
+    } finally {
+      db.close();
+    }
+    const store = ["--store", `sqlite:${path}`];
+    const status = await runCli(["status", ...store]);
+    assert.equal(status.code, 1);
+    assert.match(status.stderr, /has schema version 2; upgrade it with "outbox-nats migrate"/);
+    const printed = await runCli(["migrate", "--print", ...store]);
+    assert.match(printed.stdout, /1 pending migration\(s\) for .* version 2 -> 3/);
+    assert.match(printed.stdout, /^ALTER TABLE trellis_outbox ADD COLUMN claim_token TEXT;$/m);
+    assert.equal((await runCli(["migrate", ...store])).code, 0);
+    assert.equal((await runCli(["status", ...store])).code, 0);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
   }
 });

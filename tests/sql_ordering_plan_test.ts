@@ -59,7 +59,7 @@ Deno.test("postgres: with 2,000 keys x 50 waiting messages, a claim reads heads 
     await sql.begin(async (tx) => {
       const [row] = await tx.unsafe(
         `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ${statements.claim}`,
-        [now, lease, 100] as never[],
+        [now, lease, 100, "plan-token"] as never[],
       );
       plan = (row["QUERY PLAN"] as Array<{ Plan: PlanNode }>)[0].Plan;
       throw new Rollback();
@@ -68,7 +68,7 @@ Deno.test("postgres: with 2,000 keys x 50 waiting messages, a claim reads heads 
     });
     const all = nodes(plan!);
     assert.equal(plan!["Actual Rows"], 100);
-    assert.ok(all.some((node) => node["Index Name"] === `${o}_claim_idx`), "claim index");
+    assert.ok(all.some((node) => node["Index Name"] === `${o}_pending_idx`), "pending index");
     assert.ok(all.some((node) => node["Index Name"] === `${o}_key_held_idx`), "held-heads index");
     assert.ok(!all.some((node) => node["Node Type"] === "Seq Scan"), "no sequential scan");
     const locking = all.find((node) => node["Node Type"] === "LockRows")!;
@@ -91,7 +91,7 @@ Deno.test("postgres: with 2,000 keys x 50 waiting messages, a claim reads heads 
   }
 });
 
-Deno.test("sqlite: the claim reads the covering claim index; the hand-over check the held-heads index", async () => {
+Deno.test("sqlite: the claim reads the covering pending index; the hand-over check the held-heads index", async () => {
   const dir = await Deno.makeTempDir({ prefix: "outbox_order_plan_" });
   const db = openSqlite(`${dir}/o.db`);
   try {
@@ -106,7 +106,7 @@ Deno.test("sqlite: the claim reads the covering claim index; the hand-over check
       String((row as { detail: string }).detail)
     );
     assert.ok(
-      plan.some((detail) => detail.includes("USING COVERING INDEX trellis_outbox_claim_idx")),
+      plan.some((detail) => detail.includes("USING COVERING INDEX trellis_outbox_pending_idx")),
       plan.join(" | "),
     );
     assert.ok(
@@ -118,6 +118,7 @@ Deno.test("sqlite: the claim reads the covering claim index; the hand-over check
       "2022-01-01T00:00:00.000Z",
       "2022-01-01T00:00:30.000Z",
       500,
+      "plan-token",
     ]);
     assert.equal(rows.length, 100, "one head per key");
   } finally {

@@ -127,7 +127,7 @@ export async function openSqlDatabase(
 
 /**
  * The schema version the outbox table has: 0 when it does not exist, 1 without the `seq`
- * column (the reference's DDL), 2 with it.
+ * column (the reference's DDL), 2 with it, 3 with `claim_token` too.
  */
 export async function outboxSchemaVersion(db: SqlDatabase): Promise<number> {
   const table = db.tables.outbox;
@@ -138,7 +138,8 @@ export async function outboxSchemaVersion(db: SqlDatabase): Promise<number> {
     )
     : await db.executor.query("SELECT name FROM pragma_table_info(?1)", [table]);
   if (rows.length === 0) return 0;
-  return rows.some((row) => String(row.name).toLowerCase() === "seq") ? 2 : 1;
+  const has = (column: string) => rows.some((row) => String(row.name).toLowerCase() === column);
+  return has("claim_token") ? 3 : has("seq") ? 2 : 1;
 }
 
 /** Opens the store for a command that reads or changes messages (everything but migrate). */
@@ -154,9 +155,9 @@ export async function openStore(settings: StoreSettings): Promise<OpenedStore> {
         `outbox table "${db.tables.outbox}" does not exist in ${where}; create it with "outbox-nats migrate"`,
       );
     }
-    if (version === 1) {
+    if (version < 3) {
       throw new CliError(
-        `outbox table "${db.tables.outbox}" in ${where} has schema version 1; upgrade it with "outbox-nats migrate"`,
+        `outbox table "${db.tables.outbox}" in ${where} has schema version ${version}; upgrade it with "outbox-nats migrate"`,
       );
     }
   } catch (error) {

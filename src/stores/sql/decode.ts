@@ -50,6 +50,7 @@ export function decodeOutboxRow(row: SqlRow): OutboxMessage {
     message.orderingKey = text(row.ordering_key) ??
       fail(`ordering_key is ${describe(row.ordering_key)}`);
   }
+  if (typeof row.claim_token === "string") message.claimToken = row.claim_token;
   if (row.outcome !== null && row.outcome !== undefined) {
     const outcome = decodeJson(row.outcome, "outcome", fail);
     message.outcome = typeof outcome === "string" ? unwrapStructuredJsonText(outcome) : outcome;
@@ -96,6 +97,7 @@ export function decodeOutboxRowLoosely(row: SqlRow): OutboxMessage {
   if (lastError !== undefined) message.lastError = lastError;
   const orderingKey = text(row.ordering_key);
   if (orderingKey !== undefined) message.orderingKey = orderingKey;
+  if (typeof row.claim_token === "string") message.claimToken = row.claim_token;
   if (row.outcome !== null && row.outcome !== undefined) {
     const outcome = attempt(() => decodeJson(row.outcome, "outcome", never), undefined);
     if (outcome !== undefined) message.outcome = outcome;

@@ -8,8 +8,7 @@
  * claims cost the same however much history is kept), a partial index for retention, and the
  * inbox consumer scope (primary key `(consumer, message_id)`). The `dead` state needs no DDL
  * (there is no state constraint); version 2's indexes leave dead rows out of claims. Version 3
- * adds ordering keys in place (`ordering_schema.ts`): two columns, with defaults that keep every
- * existing row claimable as before, and the indexes of the per-key head.
+ * (`schema_v3.ts`) adds the claim token and the indexes of the flat-cost claim, in place.
  *
  * @module
  */
@@ -31,7 +30,7 @@ import {
   sqliteOutboxTable,
 } from "./schema.ts";
 import { createPostgresOutboxSchema, createSqliteOutboxSchema } from "./schema.ts";
-import { orderingDown, orderingUp } from "./ordering_schema.ts";
+import { schemaV3Down, schemaV3Up } from "./schema_v3.ts";
 import {
   checkDialect,
   type ResolvedSqlOutboxTables,
@@ -110,12 +109,7 @@ export function getSqlOutboxMigrations(
       dialect === "postgres" ? postgresV2Up(t) : sqliteV2Up(t),
       dialect === "postgres" ? postgresV2Down(t) : sqliteV2Down(t),
     ),
-    artifact(
-      dialect,
-      3,
-      orderingUp(dialect, t),
-      orderingDown(t, indexesV2(dialect, t, false)[0]),
-    ),
+    artifact(dialect, 3, schemaV3Up(dialect, t), schemaV3Down(dialect, t)),
   ]);
 }
 

@@ -15,7 +15,8 @@
  *   and heads whose hand-over is still to do. Both are few, so the claim can look at them every
  *   time.
  *
- * The claim index gains the term `key_head`, so waiting rows are never read by a claim.
+ * The claim's pending index (`pendingSql` in schema_v3.ts) has the term `key_head`, so waiting
+ * rows are never read by a claim.
  *
  * @module
  */
@@ -29,7 +30,7 @@ export interface OrderingColumn {
   readonly sqlite: string;
 }
 
-/** Columns ordering keys add to the outbox table, appended in this order. */
+/** Columns ordering keys add to the outbox table (in version 3, after `claim_token`). */
 export const orderingColumns: readonly OrderingColumn[] = [
   { name: "ordering_key", postgres: "text", sqlite: "TEXT" },
   {
@@ -39,27 +40,13 @@ export const orderingColumns: readonly OrderingColumn[] = [
   },
 ];
 
-/** The claim's WHERE terms (the claim index has exactly these; `activeStatesSql` repeated). */
-export const claimableSql = "key_head AND state IN ('pending', 'claimed', 'failed')";
 /** Rows waiting behind their key's head. */
 export const waitingSql = "state = 'pending' AND NOT key_head";
 /** Keyed heads that are settled: blocked keys (`dead`) and hand-overs still to do. */
 export const heldHeadsSql =
   "key_head AND ordering_key IS NOT NULL AND state IN ('dispatched', 'dead')";
 
-/** The claim index of version 3: version 2's, restricted to rows ordering lets through. */
-export function claimIndexV3(
-  dialect: SqlDialect,
-  t: ResolvedSqlOutboxTables,
-  ifNotExists: boolean,
-): string {
-  const create = ifNotExists ? "CREATE INDEX IF NOT EXISTS" : "CREATE INDEX";
-  // SQLite: covering (see indexesV2), so key_head too.
-  const columns = dialect === "postgres" ? "seq" : "seq, next_attempt_at, state, key_head";
-  return `${create} ${t.outbox}_claim_idx ON ${t.outbox} (${columns}) WHERE ${claimableSql}`;
-}
-
-/** The ordering-key indexes (besides the claim index). */
+/** The ordering-key indexes (part of version 3's, see `schema_v3.ts`). */
 export function orderingIndexes(
   dialect: SqlDialect,
   t: ResolvedSqlOutboxTables,
@@ -74,39 +61,4 @@ export function orderingIndexes(
     `CREATE INDEX${exists} ${t.outbox}_key_next_idx ON ${t.outbox} (ordering_key, seq) WHERE ${waitingSql}`,
     `CREATE INDEX${exists} ${t.outbox}_key_held_idx ON ${t.outbox} (seq) WHERE ${heldHeadsSql}`,
   ];
-}
-
-/** Up: the columns, the ordering indexes, the claim index restricted to claimable rows. */
-export function orderingUp(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
-  return [
-    ...orderingColumns.map((column) =>
-      `ALTER TABLE ${t.outbox} ADD COLUMN ${column.name} ${column[dialect]}`
-    ),
-    `DROP INDEX IF EXISTS ${t.outbox}_claim_idx`,
-    claimIndexV3(dialect, t, false),
-    ...orderingIndexes(dialect, t, false),
-  ];
-}
-
-/**
- * Down: drops what {@linkcode orderingUp} added and restores version 2's claim index (given).
- * Messages waiting behind a head become claimable: version 2 has no order per key.
- */
-export function orderingDown(t: ResolvedSqlOutboxTables, claimIndexV2: string): string[] {
-  return [
-    `DROP INDEX IF EXISTS ${t.outbox}_key_held_idx`,
-    `DROP INDEX IF EXISTS ${t.outbox}_key_next_idx`,
-    `DROP INDEX IF EXISTS ${t.outbox}_key_head_idx`,
-    `DROP INDEX IF EXISTS ${t.outbox}_claim_idx`,
-    claimIndexV2,
-    ...[...orderingColumns].reverse().map((column) =>
-      `ALTER TABLE ${t.outbox} DROP COLUMN ${column.name}`
-    ),
-  ];
-}
-
-/** A version 2 `CREATE TABLE` text of the outbox with the ordering columns appended. */
-export function withOrderingColumns(createTable: string, dialect: SqlDialect): string {
-  const added = orderingColumns.map((column) => `, ${column.name} ${column[dialect]}`);
-  return `${createTable.slice(0, -1)}${added.join("")})`;
 }

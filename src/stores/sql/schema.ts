@@ -5,7 +5,7 @@
  * @module
  */
 
-import { claimIndexV3, orderingIndexes, withOrderingColumns } from "./ordering_schema.ts";
+import { indexesV3, outboxColumnsAddedInV3, withV3Columns } from "./schema_v3.ts";
 import {
   type ResolvedSqlOutboxTables,
   resolveSqlOutboxTables,
@@ -35,8 +35,11 @@ export const inboxColumnsV1: readonly string[] = ["message_id", "received_at"];
 export const outboxColumnsV2: readonly string[] = [...outboxColumnsV1, "seq"];
 /** Inbox columns of schema version 2 (`consumer`, the scope, is appended). */
 export const inboxColumnsV2: readonly string[] = [...inboxColumnsV1, "consumer"];
-/** Outbox columns of schema version 3 (the ordering-key columns are appended). */
-export const outboxColumnsV3: readonly string[] = [...outboxColumnsV2, "ordering_key", "key_head"];
+/** Outbox columns of schema version 3 (see `schema_v3.ts`). */
+export const outboxColumnsV3: readonly string[] = [
+  ...outboxColumnsV2,
+  ...outboxColumnsAddedInV3.map((column) => column.name),
+];
 /** Inbox columns of schema version 3 (unchanged). */
 export const inboxColumnsV3: readonly string[] = inboxColumnsV2;
 
@@ -106,34 +109,27 @@ export function indexesV2(
   ];
 }
 
-/** The version 2 schema for a fresh database (what `createXOutboxSchema` produced before v3). */
+/** The version 2 schema as idempotent statements (to complete an adopted version 2 database). */
 export function schemaV2Fresh(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
-  const tables = dialect === "postgres"
+  return [...v2Tables(dialect, t), ...indexesV2(dialect, t, true)];
+}
+
+function v2Tables(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
+  return dialect === "postgres"
     ? [
       postgresOutboxTable(t.outbox),
       `CREATE TABLE IF NOT EXISTS ${t.inbox} (message_id text NOT NULL, received_at timestamptz NOT NULL, consumer text NOT NULL DEFAULT '', CONSTRAINT ${t.inbox}_pkey PRIMARY KEY (consumer, message_id))`,
     ]
     : [sqliteOutboxTable(t.outbox, true), sqliteInboxTable(t.inbox, true)];
-  return [...tables, ...indexesV2(dialect, t, true)];
 }
 
 function currentSchema(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
-  const tables = dialect === "postgres"
-    ? [
-      withOrderingColumns(postgresOutboxTable(t.outbox), dialect),
-      `CREATE TABLE IF NOT EXISTS ${t.inbox} (message_id text NOT NULL, received_at timestamptz NOT NULL, consumer text NOT NULL DEFAULT '', CONSTRAINT ${t.inbox}_pkey PRIMARY KEY (consumer, message_id))`,
-    ]
-    : [
-      withOrderingColumns(sqliteOutboxTable(t.outbox, true), dialect),
-      sqliteInboxTable(t.inbox, true),
-    ];
-  const [, retention, received] = indexesV2(dialect, t, true);
+  const [outbox, inbox] = v2Tables(dialect, t);
   return [
-    ...tables,
-    claimIndexV3(dialect, t, true),
-    retention,
-    received,
-    ...orderingIndexes(dialect, t, true),
+    withV3Columns(outbox, dialect),
+    inbox,
+    ...indexesV2(dialect, t, true),
+    ...indexesV3(dialect, t, true),
   ];
 }
 
