@@ -64,6 +64,7 @@ export {
   OutboxDuplicateIdentityError,
   type OutboxFailureKind,
   OutboxPublishError,
+  OutboxSchemaError,
   OutboxStorageConflictError,
   OutboxValidationError,
 } from "./src/core/errors.ts";

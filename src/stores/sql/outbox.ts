@@ -34,6 +34,7 @@ import { decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
 import { type OutboxStatements, outboxStatements } from "./dialects.ts";
 import type { SqlExecutor, SqlRow } from "./executors.ts";
 import { outboxColumnsV2 } from "./schema.ts";
+import { withSchemaErrors } from "./schema_errors.ts";
 import {
   checkDialect,
   type ResolvedSqlOutboxTables,
@@ -94,7 +95,10 @@ export interface SqlOutboxRepositoryOptions {
  * ```
  */
 export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
-  /** The executor statements run on. */
+  /**
+   * The executor statements run on: yours, with a missing table or column reported as
+   * `OutboxSchemaError`.
+   */
   readonly executor: SqlExecutor;
   /** The SQL dialect. */
   readonly dialect: SqlDialect;
@@ -118,7 +122,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     if (typeof executor?.query !== "function") {
       throw new OutboxValidationError("executor", "SQL executor must have query(sql, params)");
     }
-    this.executor = executor;
+    this.executor = withSchemaErrors(executor, this.dialect, this.tables, this.tables.outbox);
     this.#channel = notifyChannel(options.notify, this.dialect, this.tables);
     this.#sql = outboxStatements(this.dialect, this.tables, this.#channel !== undefined);
   }
