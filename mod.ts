@@ -69,8 +69,10 @@ export {
   OutboxValidationError,
 } from "./src/core/errors.ts";
 export {
+  defaultMaxPayloadBytes,
   maxOutboxIdBytes,
   maxSubjectBytes,
+  OutboxPayloadTooLargeError,
   outboxRecordKinds,
   validateOutboxRecord,
   validateSubject,
@@ -93,7 +95,10 @@ export { defaultLeaseMs, toIsoTimestamp } from "./src/core/time.ts";
 export { defaultPruneBatchSize } from "./src/core/limits.ts";
 export { applyMarks } from "./src/core/marks.ts";
 export { defaultInboxConsumer, resolveInboxRecordOptions } from "./src/core/inbox.ts";
-export { MemoryOutboxRepository } from "./src/stores/memory/outbox.ts";
+export {
+  MemoryOutboxRepository,
+  type MemoryOutboxRepositoryOptions,
+} from "./src/stores/memory/outbox.ts";
 export { MemoryInboxRepository } from "./src/stores/memory/inbox.ts";
 export { processOnce, type ProcessOnceResult } from "./src/inbox/process_once.ts";
 export {

@@ -23,12 +23,36 @@ import type {
   OutboxRepository,
   OutboxStats,
 } from "../../core/types.ts";
-import { validateOutboxRecord } from "../../core/validate.ts";
+import {
+  checkedMaxPayloadBytes,
+  checkRecordSize,
+  validateOutboxRecord,
+} from "../../core/validate.ts";
 import { checkedBatchSize, checkedDate, checkedLeaseMs, checkedLimit } from "../../core/limits.ts";
 
 interface Entry {
   seq: number;
   message: OutboxMessage;
+}
+
+/**
+ * Options for {@linkcode MemoryOutboxRepository}.
+ *
+ * @example
+ * ```ts
+ * import type { MemoryOutboxRepositoryOptions } from "@outbox/nats";
+ * const options: MemoryOutboxRepositoryOptions = { maxPayloadBytes: 8 * 1024 * 1024 };
+ * ```
+ */
+export interface MemoryOutboxRepositoryOptions {
+  /**
+   * Largest record accepted at enqueue: payload plus headers, in bytes. A larger one is refused
+   * with `OutboxPayloadTooLargeError` (NATS would refuse to publish it). Raise it only when your
+   * server's `max_payload` is larger than NATS's default 1 MiB.
+   *
+   * @default {983040 (1 MiB less 64 KiB for the headers the dispatcher adds)}
+   */
+  maxPayloadBytes?: number;
 }
 
 /**
@@ -56,11 +80,19 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
   #dispatched = new Map<string, Entry>();
   #dead = new Map<string, Entry>();
   #seq = 0;
+  readonly #maxPayloadBytes: number;
+
+  /** Creates an empty outbox; throws `OutboxValidationError` for a bad option. */
+  constructor(options: MemoryOutboxRepositoryOptions = {}) {
+    this.#maxPayloadBytes = checkedMaxPayloadBytes(options.maxPayloadBytes);
+  }
 
   /** Stores a record as `pending`; see {@linkcode OutboxRepository.enqueue}. */
   enqueue(record: OutboxRecord): Promise<OutboxMessage> {
     try {
-      return Promise.resolve(this.#enqueue(validateOutboxRecord(record), new Date()));
+      const valid = validateOutboxRecord(record);
+      checkRecordSize(valid, this.#maxPayloadBytes);
+      return Promise.resolve(this.#enqueue(valid, new Date()));
     } catch (error) {
       return Promise.reject(error);
     }
@@ -70,6 +102,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
   enqueueMany(records: readonly OutboxRecord[]): Promise<OutboxMessage[]> {
     try {
       const valid = records.map(validateOutboxRecord);
+      for (const record of valid) checkRecordSize(record, this.#maxPayloadBytes);
       // Check identities first so a conflict stores nothing.
       const seen = new Map<string, OutboxRecord>();
       for (const record of valid) {

@@ -29,7 +29,11 @@ import type {
   OutboxRepository,
   OutboxStats,
 } from "../../core/types.ts";
-import { validateOutboxRecord } from "../../core/validate.ts";
+import {
+  checkedMaxPayloadBytes,
+  checkRecordSize,
+  validateOutboxRecord,
+} from "../../core/validate.ts";
 import { decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
 import { type OutboxStatements, outboxStatements } from "./dialects.ts";
 import type { SqlExecutor, SqlRow } from "./executors.ts";
@@ -63,6 +67,15 @@ export interface SqlOutboxRepositoryOptions {
    * @default {false}
    */
   notify?: boolean | string;
+  /**
+   * Largest record accepted at enqueue: payload plus headers, in bytes. A larger one is refused
+   * with `OutboxPayloadTooLargeError` before any statement runs (NATS would refuse to publish
+   * it, so it could only go dead). Raise it only when your server's `max_payload` is larger than
+   * NATS's default 1 MiB.
+   *
+   * @default {983040 (1 MiB less 64 KiB for the headers the dispatcher adds)}
+   */
+  maxPayloadBytes?: number;
 }
 
 /**
@@ -106,6 +119,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   readonly tables: ResolvedSqlOutboxTables;
   readonly #sql: OutboxStatements;
   readonly #channel: string | undefined;
+  readonly #maxPayloadBytes: number;
 
   /**
    * Creates the repository. Throws `OutboxValidationError` for an unknown dialect, a table name
@@ -125,11 +139,13 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     this.executor = withSchemaErrors(executor, this.dialect, this.tables, this.tables.outbox);
     this.#channel = notifyChannel(options.notify, this.dialect, this.tables);
     this.#sql = outboxStatements(this.dialect, this.tables, this.#channel !== undefined);
+    this.#maxPayloadBytes = checkedMaxPayloadBytes(options.maxPayloadBytes);
   }
 
   /** Stores a record as `pending` (one statement); see {@linkcode OutboxRepository.enqueue}. */
   async enqueue(record: OutboxRecord): Promise<OutboxMessage> {
     const valid = validateOutboxRecord(record);
+    checkRecordSize(valid, this.#maxPayloadBytes);
     const now = new Date().toISOString();
     const params: unknown[] = [
       valid.id,
@@ -158,6 +174,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
    */
   async enqueueMany(records: readonly OutboxRecord[]): Promise<OutboxMessage[]> {
     const valid = records.map(validateOutboxRecord);
+    for (const record of valid) checkRecordSize(record, this.#maxPayloadBytes);
     const firsts = new Map<string, OutboxRecord>();
     for (const record of valid) {
       const earlier = firsts.get(record.id);
