@@ -177,6 +177,11 @@ export {
   type SqlOutboxMigrationOptions,
 } from "./src/stores/sql/migrations.ts";
 export { SqlOutboxRepository, type SqlOutboxRepositoryOptions } from "./src/stores/sql/outbox.ts";
+export {
+  checkPostgresServer,
+  type CheckPostgresServerOptions,
+  PostgresServerError,
+} from "./src/stores/sql/postgres_probe.ts";
 export { SqlInboxRepository } from "./src/stores/sql/inbox.ts";
 export { createSqlOutboxAdapter, type SqlOutboxAdapter } from "./src/stores/sql/adapter.ts";
 export {

@@ -10,6 +10,7 @@ import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import postgres from "postgres";
 import {
+  checkPostgresServer,
   createOutboxBucket,
   listenForOutboxWakeups,
   NatsKvOutboxRepository,
@@ -105,6 +106,14 @@ export async function openSqlDatabase(
     };
   }
   if (target.kind !== "postgres") throw new Error(`not a SQL store: ${target.kind}`);
+  try {
+    // postgres.js waits forever on a server that answers in another protocol (NATS's 4222).
+    await checkPostgresServer(target.url, { timeoutMs: 10_000 });
+  } catch (error) {
+    throw new CliError(`cannot connect to Postgres at ${target.label}: ${describeError(error)}`, {
+      cause: error,
+    });
+  }
   const sql = postgres(target.url, {
     max: settings.poolSize ?? 1,
     connect_timeout: 10,
