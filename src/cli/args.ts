@@ -8,6 +8,7 @@
 import process from "node:process";
 import { parseArgs } from "node:util";
 import { CliUsageError } from "./errors.ts";
+import { checkedNatsServers } from "./nats.ts";
 import { parseDuration } from "./format.ts";
 import { parseStoreUrl } from "./store_url.ts";
 import type { StoreSettings } from "./store.ts";
@@ -146,7 +147,7 @@ export function parseCommand(
   } catch (error) {
     const message = error instanceof Error ? error.message : String(error);
     throw new CliUsageError(
-      `${spec.name}: ${message.replace(/\. To specify a positional.*$/s, "")}`,
+      `${spec.name}: ${message.replace(/\. To specify a positional.*$/s, "").split("\n")[0]}`,
     );
   }
   const values: OptionValues = { ...parsed.values };
@@ -177,9 +178,18 @@ function expandOptionalValues(
       break;
     }
     const name = arg.startsWith("--") ? arg.slice(2) : undefined;
+    const next = argv[i + 1];
+    if (
+      name !== undefined && options[name]?.type === "string" && !options[name].optionalValue &&
+      next !== undefined && /^-\d/.test(next)
+    ) {
+      // parseArgs would call it an ambiguous option; no option of ours takes a negative number.
+      throw new CliUsageError(
+        `--${name}: negative values are not accepted, got ${JSON.stringify(next)}`,
+      );
+    }
     const optional = name !== undefined ? options[name]?.optionalValue : undefined;
     if (optional) {
-      const next = argv[i + 1];
       if (next !== undefined && optional.accepts(next)) {
         out.push(`${arg}=${next}`);
         i += 1;
@@ -282,9 +292,15 @@ export function storeSettings(
       inbox: stringValue(values, "inbox-table"),
       migrations: stringValue(values, "migrations-table"),
     },
-    natsUrl: stringValue(values, "nats"),
+    natsUrl: checkedNatsUrl(stringValue(values, "nats")),
     client,
   };
+}
+
+/** `--nats` checked before anything connects (a usage error for `http://...`). */
+function checkedNatsUrl(url: string | undefined): string | undefined {
+  if (url !== undefined) checkedNatsServers(url);
+  return url;
 }
 
 /** A command the CLI runs: its declaration and what it does. */

@@ -6,7 +6,7 @@
  */
 
 import { connect, type NatsConnection } from "@nats-io/transport-node";
-import { CliError, describeError } from "./errors.ts";
+import { CliError, CliUsageError, describeError } from "./errors.ts";
 import { redactUrl } from "./format.ts";
 
 /** Options of {@linkcode connectNats}. */
@@ -27,10 +27,7 @@ export async function connectNats(
   url: string,
   options: ConnectNatsOptions,
 ): Promise<NatsConnection> {
-  const servers = url.split(",").map((server) => server.trim()).filter(Boolean);
-  if (servers.length === 0) {
-    throw new CliError("--nats needs a server URL, such as nats://127.0.0.1:4222");
-  }
+  const servers = checkedNatsServers(url);
   try {
     return await connect({
       servers,
@@ -43,4 +40,25 @@ export async function connectNats(
       cause: error,
     });
   }
+}
+
+/**
+ * The servers of a `--nats` value (comma separated): `nats://`, `tls://` or a bare `host:port`.
+ * Anything else (`http://...`, a typo) is a usage error rather than a silent misconnection.
+ */
+export function checkedNatsServers(url: string): string[] {
+  const servers = url.split(",").map((server) => server.trim()).filter(Boolean);
+  if (servers.length === 0) {
+    throw new CliUsageError("--nats needs a server URL, such as nats://127.0.0.1:4222");
+  }
+  for (const server of servers) {
+    const scheme = /^([A-Za-z][A-Za-z0-9+.-]*):\/\//.exec(server)?.[1]?.toLowerCase();
+    if (scheme !== undefined && scheme !== "nats" && scheme !== "tls") {
+      throw new CliUsageError(
+        `--nats: ${JSON.stringify(redactUrl(server))} is not a NATS URL; use nats://host:4222 ` +
+          "(or tls://host:4222)",
+      );
+    }
+  }
+  return servers;
 }

@@ -23,6 +23,7 @@ import {
   SqlOutboxRepository,
 } from "../../mod.ts";
 import { CliError, CliUsageError, describeError } from "./errors.ts";
+import { redactNatsUrl } from "./format.ts";
 import { connectNats } from "./nats.ts";
 import { openSqlite } from "./sqlite.ts";
 import type { StoreTarget } from "./store_url.ts";
@@ -97,7 +98,7 @@ export async function openSqlDatabase(
   const target = settings.target;
   const tables = sqlTables(settings);
   if (target.kind === "sqlite") {
-    const db = openSqlite(target.path, create);
+    const db = openSqlite(target.path, create, migrateHint(settings));
     return {
       dialect: "sqlite",
       executor: db.executor,
@@ -150,6 +151,23 @@ export async function outboxSchemaVersion(db: SqlDatabase): Promise<number> {
   return rows.some((row) => String(row.name).toLowerCase() === "seq") ? 2 : 1;
 }
 
+/**
+ * The `outbox-nats migrate` command line that creates or upgrades this store, repeating the
+ * options that name it (tables, `--nats`), so the hint can be run as shown.
+ */
+export function migrateHint(settings: StoreSettings): string {
+  const parts = ["outbox-nats migrate", "--store", settings.target.label];
+  const { outbox, inbox, migrations } = settings.tables;
+  if (settings.target.kind !== "nats-kv") {
+    if (outbox) parts.push("--outbox-table", outbox);
+    if (inbox) parts.push("--inbox-table", inbox);
+    if (migrations) parts.push("--migrations-table", migrations);
+  } else {
+    parts.push("--nats", settings.natsUrl ? redactNatsUrl(settings.natsUrl) : "<url>");
+  }
+  return `"${parts.join(" ")}"`;
+}
+
 /** Opens the store for a command that reads or changes messages (everything but migrate). */
 export async function openStore(settings: StoreSettings): Promise<OpenedStore> {
   const target = settings.target;
@@ -160,12 +178,16 @@ export async function openStore(settings: StoreSettings): Promise<OpenedStore> {
     const where = `${target.label}`;
     if (version === 0) {
       throw new CliError(
-        `outbox table "${db.tables.outbox}" does not exist in ${where}; create it with "outbox-nats migrate"`,
+        `outbox table "${db.tables.outbox}" does not exist in ${where}; create it with ${
+          migrateHint(settings)
+        }`,
       );
     }
     if (version === 1) {
       throw new CliError(
-        `outbox table "${db.tables.outbox}" in ${where} has schema version 1; upgrade it with "outbox-nats migrate"`,
+        `outbox table "${db.tables.outbox}" in ${where} has schema version 1; upgrade it with ${
+          migrateHint(settings)
+        }`,
       );
     }
   } catch (error) {
@@ -212,7 +234,7 @@ async function openKvStore(settings: StoreSettings, bucket: string): Promise<Ope
   const nc = await connectStoreNats(settings);
   let outbox: NatsKvOutboxRepository;
   try {
-    await requireBucket(nc, bucket);
+    await requireBucket(nc, bucket, migrateHint(settings));
     outbox = new NatsKvOutboxRepository(await createOutboxBucket(new Kvm(nc), bucket));
   } catch (error) {
     await nc.close().catch(() => {});
@@ -242,14 +264,18 @@ async function openKvStore(settings: StoreSettings, bucket: string): Promise<Ope
 }
 
 /** Rejects with a clear error when the bucket's stream does not exist. */
-export async function requireBucket(nc: NatsConnection, bucket: string): Promise<void> {
+export async function requireBucket(
+  nc: NatsConnection,
+  bucket: string,
+  hint = `"outbox-nats migrate --store nats-kv://${bucket} --nats <url>"`,
+): Promise<void> {
   const jsm = await jetstreamManager(nc);
   try {
     await jsm.streams.info(`KV_${bucket}`);
   } catch (error) {
     if (/stream not found/i.test(describeError(error))) {
       throw new CliError(
-        `NATS KV bucket "${bucket}" does not exist; create it with "outbox-nats migrate --store nats-kv://${bucket}"`,
+        `NATS KV bucket "${bucket}" does not exist; create it with ${hint}`,
       );
     }
     throw error;
