@@ -11,8 +11,8 @@
  *   is a (non-optional) peer, because its global registry only works with the application's copy.
  * - `./cli` (when exported) also becomes the `outbox-nats` executable (`bin/outbox-nats.js`).
  * - The library is compiled against Node's types only, so any use of a Deno global fails the
- *   build, and the emitted files are scanned for what Node 20 cannot run (`Deno.`,
- *   `import.meta.main`, `node:sqlite`, `npm:` / `jsr:` specifiers): no shim is needed, and none
+ *   build, and the emitted files are scanned for what Node 22 cannot run (`Deno.`,
+ *   `import.meta.main`, `node:sqlite`, which Node 22 has only from 22.5, `npm:` / `jsr:` specifiers): no shim is needed, and none
  *   is shipped.
  *
  * Usage: deno run -A scripts/build_npm.ts [--out npm]
@@ -26,7 +26,7 @@ import { fileURLToPath } from "node:url";
 /** Pinned build tools. */
 export const buildTools: Record<string, string> = {
   typescript: "5.9.3",
-  "@types/node": "20.19.43",
+  "@types/node": "22.20.7",
 };
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
@@ -180,7 +180,7 @@ if (config.exports["./cli"]) {
   bin["outbox-nats"] = binFile;
 }
 
-// 3. Nothing Node 20 cannot run, in the JavaScript or the declarations.
+// 3. Nothing Node 22 cannot run, in the JavaScript or the declarations.
 const nodeIncompatible: Array<[RegExp, string]> = [
   [/\bDeno\s*\./, "a Deno global"],
   [/import\.meta\.main\b/, "import.meta.main"],
@@ -190,7 +190,7 @@ const nodeIncompatible: Array<[RegExp, string]> = [
 /**
  * Uses that are guarded at run time, by file: the CLI runs itself when `import.meta.main` is
  * true (undefined, so false, on Node), and loads SQLite with
- * `process.getBuiltinModule("node:sqlite")`, falling back to better-sqlite3 on Node 20.
+ * `process.getBuiltinModule("node:sqlite")`, falling back to better-sqlite3 where it is missing.
  */
 const guarded: Record<string, string[]> = {
   "cli.js": ["import.meta.main"],
@@ -208,7 +208,7 @@ for (const suffix of [".js", ".d.ts"]) {
   }
 }
 if (problems.length > 0) {
-  throw new Error(`the npm build would not run on Node 20:\n  ${problems.join("\n  ")}`);
+  throw new Error(`the npm build would not run on Node 22:\n  ${problems.join("\n  ")}`);
 }
 
 // 4. package.json from deno.json.
@@ -233,7 +233,7 @@ const pkg = {
   description: config.description,
   license: config.license,
   type: "module",
-  engines: { node: ">=20" },
+  engines: { node: ">=22" },
   exports: exportsMap,
   main: exportsMap["."].default,
   ...(Object.keys(bin).length > 0 ? { bin } : {}),

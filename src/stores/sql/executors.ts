@@ -338,17 +338,17 @@ export function nodeSqliteExecutor(db: SqliteDatabase): SqlExecutor {
 }
 
 /**
- * An executor over a better-sqlite3 `Database` (for Node, which has no `node:sqlite` before
- * version 22). Statements that return rows run with `.all()`, the others with `.run()`
+ * An executor over a better-sqlite3 `Database` (for a Node without `node:sqlite`, which came in
+ * 22.5). Statements that return rows run with `.all()`, the others with `.run()`
  * (better-sqlite3's `.all()` throws for statements without results). Prepared statements are
  * cached by SQL text; parameters are mapped as in {@linkcode nodeSqliteExecutor}.
  *
  * @example
  * ```ts ignore
- * import Database from "better-sqlite3";
- * import { betterSqlite3Executor, migrate, SqlOutboxRepository } from "@outbox/nats";
+ * import { type BetterSqlite3Database, betterSqlite3Executor, migrate, SqlOutboxRepository } from "@outbox/nats";
  *
- * const db = new Database("app.db");
+ * // import Database from "better-sqlite3"; const db = new Database("app.db");
+ * declare const db: BetterSqlite3Database & { pragma(source: string): unknown };
  * db.pragma("journal_mode = WAL");
  * const executor = betterSqlite3Executor(db);
  * await migrate(executor, { dialect: "sqlite" });
