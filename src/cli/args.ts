@@ -9,6 +9,7 @@ import process from "node:process";
 import { parseArgs } from "node:util";
 import { CliUsageError } from "./errors.ts";
 import { checkedNatsServers } from "./nats.ts";
+import { natsSecurity, natsSecurityOptions } from "./nats_auth.ts";
 import { parseDuration } from "./format.ts";
 import { parseStoreUrl } from "./store_url.ts";
 import type { StoreSettings } from "./store.ts";
@@ -111,8 +112,9 @@ export const storeOptions: Record<string, OptionSpec> = {
     type: "string",
     value: "<url>",
     env: "OUTBOX_NATS_URL",
-    description: "NATS server(s), comma-separated: holds a nats-kv:// store",
+    description: "NATS server(s), comma-separated: nats://host:4222 or tls://host:4222",
   },
+  ...natsSecurityOptions,
 };
 
 /** The options of a command including the shared ones. */
@@ -285,6 +287,7 @@ export function storeSettings(
       "no store given: pass --store <url> (or set OUTBOX_STORE_URL), e.g. --store postgres://localhost/app",
     );
   }
+  const natsUrl = checkedNatsUrl(stringValue(values, "nats"));
   return {
     target: parseStoreUrl(url, stringValue(values, "bucket")),
     tables: {
@@ -292,7 +295,9 @@ export function storeSettings(
       inbox: stringValue(values, "inbox-table"),
       migrations: stringValue(values, "migrations-table"),
     },
-    natsUrl: checkedNatsUrl(stringValue(values, "nats")),
+    natsUrl,
+    // Read only when NATS is used: a command on a SQL store ignores NATS settings.
+    natsSecurity: natsUrl === undefined ? undefined : natsSecurity(values, natsUrl),
     client,
   };
 }

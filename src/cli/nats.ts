@@ -8,6 +8,7 @@
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { CliError, CliUsageError, describeError } from "./errors.ts";
 import { redactUrl } from "./format.ts";
+import type { NatsSecurity } from "./nats_auth.ts";
 
 /** Options of {@linkcode connectNats}. */
 export interface ConnectNatsOptions {
@@ -17,6 +18,8 @@ export interface ConnectNatsOptions {
   reconnectForever?: boolean;
   /** How long the first connection may take. @default {10000} */
   timeoutMs?: number;
+  /** Credentials and TLS (from the `--nats-*` options). */
+  security?: NatsSecurity;
 }
 
 /**
@@ -30,15 +33,22 @@ export async function connectNats(
   const servers = checkedNatsServers(url);
   try {
     return await connect({
-      servers,
+      // nats.js takes host:port; tls:// is honoured through the tls option (natsSecurity).
+      servers: servers.map((server) => server.replace(/^tls:\/\//i, "nats://")),
       name: options.name,
       timeout: options.timeoutMs ?? 10_000,
       maxReconnectAttempts: options.reconnectForever ? -1 : 10,
+      ...(options.security?.authenticator ? { authenticator: options.security.authenticator } : {}),
+      ...(options.security?.tls ? { tls: options.security.tls } : {}),
     });
   } catch (error) {
-    throw new CliError(`cannot connect to NATS at ${redactUrl(url)}: ${describeError(error)}`, {
-      cause: error,
-    });
+    const using = options.security?.description.length
+      ? ` (${options.security.description.join(", ")})`
+      : "";
+    throw new CliError(
+      `cannot connect to NATS at ${redactUrl(url)}${using}: ${describeError(error)}`,
+      { cause: error },
+    );
   }
 }
 

@@ -25,6 +25,7 @@ import {
 import { CliError, CliUsageError, describeError } from "./errors.ts";
 import { redactNatsUrl } from "./format.ts";
 import { connectNats } from "./nats.ts";
+import type { NatsSecurity } from "./nats_auth.ts";
 import { openSqlite } from "./sqlite.ts";
 import type { StoreTarget } from "./store_url.ts";
 import { resolveSqlOutboxTables } from "../stores/sql/tables.ts";
@@ -37,6 +38,8 @@ export interface StoreSettings {
   tables: { outbox?: string; inbox?: string; migrations?: string };
   /** `--nats`: required for `nats-kv://`. */
   natsUrl?: string;
+  /** Credentials and TLS for `natsUrl` (`--nats-creds`, `--nats-tls-ca`, ...). */
+  natsSecurity?: NatsSecurity;
   /** Who connects (shown to the database / NATS server). */
   client: string;
   /** Connections for Postgres. @default {1} */
@@ -227,6 +230,7 @@ export async function connectStoreNats(settings: StoreSettings): Promise<NatsCon
   return await connectNats(settings.natsUrl, {
     name: settings.client,
     reconnectForever: settings.reconnectForever,
+    security: settings.natsSecurity,
   });
 }
 

@@ -74,7 +74,8 @@ export function postgresHostPort(url: string): { host: string; port: number } | 
 /**
  * Checks that the server a Postgres URL names speaks Postgres, before a driver connects to it:
  * it opens a TCP connection, sends the protocol's 8-byte SSL request and expects Postgres' (or
- * PgBouncer's) one-byte answer. Resolves when it came; rejects with a one-line
+ * PgBouncer's) one-byte answer. Resolves when it came (and, for a URL with `sslmode=require`,
+ * `verify-ca` or `verify-full`, said TLS is available); rejects with a one-line
  * {@linkcode PostgresServerError} naming host and port when the connection is refused, the
  * server says something else first (NATS greets with `INFO`), closes the connection, or stays
  * silent for `timeoutMs`. Sends no credentials. URLs it cannot check (a Unix socket `?host=`,
@@ -98,6 +99,7 @@ export function checkPostgresServer(
   if (!target) return Promise.resolve();
   const timeoutMs = options.timeoutMs ?? 10_000;
   const { host, port } = target;
+  const tlsRequired = requiredSslMode(url);
   return new Promise<void>((resolve, reject) => {
     const socket = connect({ host, port });
     let settled = false;
@@ -126,6 +128,16 @@ export function checkPostgresServer(
     });
     socket.on("data", (chunk: Uint8Array) => {
       const first = chunk[0];
+      if (first === 0x4e && tlsRequired) {
+        // 'N': Postgres, without TLS; the driver would fail with a bare socket error.
+        return finish(
+          new PostgresServerError(
+            host,
+            port,
+            `cannot connect: the server does not accept TLS, but the URL asks for sslmode=${tlsRequired}`,
+          ),
+        );
+      }
       // 'S' / 'N': an SSL answer; 'E': an error response (a server refusing the request).
       if (first === 0x53 || first === 0x4e || first === 0x45) return finish();
       finish(new PostgresServerError(host, port, `it answered ${describeAnswer(chunk)}`));
@@ -144,6 +156,17 @@ export function checkPostgresServer(
       );
     });
   });
+}
+
+/** The URL's `sslmode` (or `ssl`) when it insists on TLS: `require`, `verify-ca`, `verify-full`. */
+function requiredSslMode(url: string): string | undefined {
+  try {
+    const query = new URL(url).searchParams;
+    const mode = query.get("sslmode") ?? query.get("ssl") ?? undefined;
+    return mode === "require" || mode === "verify-ca" || mode === "verify-full" ? mode : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 function describeAnswer(chunk: Uint8Array): string {
