@@ -18,15 +18,19 @@ test("node: the README's Node quick start runs as written, and again in the same
   assert.ok(dir && url, "OUTBOX_QUICKSTART_DIR and _NATS_URL are set (scripts/test_node.ts)");
   const cwd = mkdtempSync(join(dir, "run-"));
   try {
+    const runQuickstart = promisify(execFile);
     const ids: string[] = [];
-    for (let run = 0; run < 2; run++) {
-      const { stdout } = await promisify(execFile)(
-        process.execPath,
-        [join(dir, "quickstart.mjs")],
-        { cwd, env: { ...process.env, NATS_URL: url }, timeout: 60_000 },
-      );
-      const match = /^invoiced order (\d+)$/m.exec(stdout);
-      assert.ok(match, `run ${run + 1} printed: ${stdout}`);
+    for (const run of [1, 2]) {
+      const result: { stdout: string } = await runQuickstart(process.execPath, [
+        join(dir, "quickstart.mjs"),
+      ], {
+        cwd,
+        env: { ...process.env, NATS_URL: url },
+        timeout: 60_000,
+      });
+      const stdout: string = String(result.stdout);
+      const match: RegExpExecArray | null = /^invoiced order (\d+)$/m.exec(stdout);
+      assert.ok(match, `run ${run} printed: ${stdout}`);
       ids.push(match[1]);
     }
     assert.notEqual(ids[0], ids[1], "each run bills a new order");
