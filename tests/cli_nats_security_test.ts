@@ -304,6 +304,12 @@ Deno.test({
       const userOnly = await runCli(["status", ...kv, "--nats-user", "alice"]);
       assert.equal(userOnly.code, 2, userOnly.stderr);
       assert.match(userOnly.stderr, /--nats-user alice needs a password/);
+      const typo = await runCli(["status", ...kv], { OUTBOX_NATS_NKEY: `${seed}x!` });
+      oneLine(
+        typo,
+        /\$OUTBOX_NATS_NKEY: neither the secret itself nor a readable file \(ENOENT\)$/,
+      );
+      assertNoSecret(typo.stderr, [seed.slice(0, 20)]);
       const badSeed = await runCli(["status", ...kv, "--nats-nkey", join(dir, "password")]);
       oneLine(badSeed, /nkey seed from file .*password is not an nkey seed/);
       for (const result of [...runs, noAuth, wrong, both, userOnly, badSeed]) {

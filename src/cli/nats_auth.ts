@@ -110,7 +110,13 @@ function secretOf(
   const fromEnv = env[variable];
   if (fromEnv === undefined || fromEnv.length === 0) return undefined;
   if (looksInline(fromEnv)) return { value: fromEnv, source: `$${variable}` };
-  return readSecretFile(fromEnv, `$${variable}`);
+  try {
+    return { value: readFileSync(fromEnv, "utf8"), source: `$${variable} (file)` };
+  } catch (error) {
+    // The value may be a mistyped secret: never echo it.
+    const code = (error as { code?: string }).code ?? "unreadable";
+    throw new CliError(`$${variable}: neither the secret itself nor a readable file (${code})`);
+  }
 }
 
 const always = () => true;
