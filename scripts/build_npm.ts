@@ -1,7 +1,7 @@
 /**
  * Builds the npm package into `npm/`: ESM JavaScript and `.d.ts` compiled by TypeScript's own
  * compiler (pinned below; dnt lives on JSR, which is not reachable everywhere), a package.json
- * derived from deno.json, README and LICENSE.
+ * derived from deno.json, README, docs/ and LICENSE.
  *
  * - Name, version, description, license and `exports` come from deno.json.
  * - Dependencies come from the npm specifiers deno.json maps our bare imports to, as caret ranges
@@ -241,7 +241,7 @@ const pkg = {
   main: exportsMap["."].default,
   ...(Object.keys(bin).length > 0 ? { bin } : {}),
   types: exportsMap["."].types,
-  files: ["**/*.js", "**/*.d.ts", "README.md", "LICENSE"],
+  files: ["**/*.js", "**/*.d.ts", "README.md", "docs/*.md", "LICENSE"],
   sideEffects: false,
   dependencies: Object.fromEntries(runtime.map((n) => [n, rangeOf(n)])),
   peerDependencies: Object.fromEntries(peers.map((n) => [n, rangeOf(n)])),
@@ -249,5 +249,12 @@ const pkg = {
 };
 await Deno.writeTextFile(join(outDir, "package.json"), JSON.stringify(pkg, null, 2) + "\n");
 await Deno.copyFile(join(root, "README.md"), join(outDir, "README.md"));
+// The README links to docs/: ship the pages with it.
+await Deno.mkdir(join(outDir, "docs"), { recursive: true });
+for await (const entry of Deno.readDir(join(root, "docs"))) {
+  if (entry.isFile && entry.name.endsWith(".md")) {
+    await Deno.copyFile(join(root, "docs", entry.name), join(outDir, "docs", entry.name));
+  }
+}
 await Deno.copyFile(join(root, "LICENSE"), join(outDir, "LICENSE"));
 console.log(`built ${pkg.name}@${pkg.version} into ${relative(root, outDir)}/`);
