@@ -41,6 +41,7 @@ export type {
   OutboxClaimOptions,
   OutboxDeadLetter,
   OutboxDeliveryOptions,
+  OutboxEnqueueOptions,
   OutboxFailure,
   OutboxListDeadOptions,
   OutboxMark,
@@ -77,7 +78,11 @@ export {
   validateOutboxRecord,
   validateSubject,
 } from "./src/core/validate.ts";
-export { assertOutboxIdentity, sameOutboxContent } from "./src/core/identity.ts";
+export {
+  assertOutboxIdentity,
+  defaultContextHeaders,
+  sameOutboxContent,
+} from "./src/core/identity.ts";
 export {
   outboxHeaders,
   outboxMessageToPreparedEvent,
@@ -110,9 +115,9 @@ export {
   type InboxOutcome,
   type InboxProcessResult,
   type JetStreamMessageLike,
-  messageIdOf,
   type PullConsumerLike,
 } from "./src/inbox/consume.ts";
+export { InboxMessageIdError, messageIdOf } from "./src/inbox/message_id.ts";
 export {
   checkInboxRetention,
   InboxRetentionError,
@@ -158,14 +163,17 @@ export {
   betterSqlite3Executor,
   nodeSqliteExecutor,
   pgExecutor,
+  type PgExecutorOptions,
   type PgQueryable,
   postgresJsExecutor,
   type PostgresJsExecutorOptions,
   type PostgresJsSql,
   type SqlExecutor,
   type SqliteDatabase,
+  type SqliteExecutorOptions,
   type SqlRow,
 } from "./src/stores/sql/executors.ts";
+export { SqlForeignTransactionError } from "./src/stores/sql/errors.ts";
 export { createPostgresOutboxSchema, createSqliteOutboxSchema } from "./src/stores/sql/schema.ts";
 export {
   getSqlOutboxMigrations,

@@ -34,4 +34,5 @@ export {
   extractTraceContext,
   injectTraceContext,
   type TraceContext,
+  traceHeaderNames,
 } from "./src/telemetry/trace_context.ts";

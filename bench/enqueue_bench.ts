@@ -110,7 +110,11 @@ const sqliteInsertOne = db.prepare("INSERT INTO orders (id, customer, total) VAL
 const sqliteInsertMany = db.prepare(
   "INSERT INTO orders (id, customer, total) SELECT json_extract(value, '$.id'), json_extract(value, '$.customer'), json_extract(value, '$.total') FROM json_each(?)",
 );
-const sqliteOutbox = new SqlOutboxRepository(sqlite, "sqlite");
+// The transactions below are opened with raw BEGIN: enqueue inside them deliberately.
+const sqliteOutbox = new SqlOutboxRepository(
+  nodeSqliteExecutor(db, { openTransaction: "join" }),
+  "sqlite",
+);
 
 async function sqliteTransaction(count: number, withOutbox: boolean): Promise<void> {
   const { ids, json } = orders(count);

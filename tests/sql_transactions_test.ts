@@ -118,11 +118,11 @@ Deno.test("node-postgres: outbox rows roll back with the client's transaction", 
   }
 });
 
-Deno.test("node:sqlite: outbox rows roll back with BEGIN IMMEDIATE ... ROLLBACK", async () => {
+Deno.test("node:sqlite: outbox rows roll back with BEGIN IMMEDIATE ... ROLLBACK (join mode)", async () => {
   const dir = await Deno.makeTempDir({ prefix: "outbox_tx_" });
   const db = openSqlite(`${dir}/app.db`);
   try {
-    const executor = nodeSqliteExecutor(db);
+    const executor = nodeSqliteExecutor(db, { openTransaction: "join" });
     await migrate(executor, { dialect: "sqlite" });
     db.exec("CREATE TABLE orders (id INTEGER PRIMARY KEY)");
     const outbox = new SqlOutboxRepository(executor, "sqlite");
@@ -145,7 +145,7 @@ Deno.test("node:sqlite: outbox rows roll back with BEGIN IMMEDIATE ... ROLLBACK"
     await outbox.enqueue(record("sqlite-ok"));
     db.exec("COMMIT");
     assert.equal((await outbox.get("sqlite-ok"))?.state, "pending");
-    // The executor's own transaction() nests as a savepoint inside an open transaction.
+    // A join-mode executor's transaction() nests as a savepoint inside the caller's transaction.
     db.exec("BEGIN IMMEDIATE");
     await assert.rejects(
       executor.transaction!(async (tx) => {

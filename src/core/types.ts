@@ -83,6 +83,38 @@ export interface OutboxRecord {
 }
 
 /**
+ * Options for {@linkcode OutboxRepository.enqueue} and `enqueueMany`.
+ *
+ * @example
+ * ```ts
+ * import { MemoryOutboxRepository } from "@outbox/nats";
+ * const outbox = new MemoryOutboxRepository();
+ * const record = {
+ *   id: "m-1", kind: "event.publish", name: "demo", subject: "demo.a", payload: "{}",
+ * } as const;
+ * await outbox.enqueue({ ...record, headers: { b3: "80f198ee56343ba8-e457b5a2e4d86bd1-1" } });
+ * // A retry from another trace is the same message: b3 is request context, not content.
+ * await outbox.enqueue({ ...record, headers: { b3: "a3ce929d0e0e4736-00f067aa0ba902b7-1" } }, {
+ *   contextHeaders: ["b3"],
+ * });
+ * ```
+ */
+export interface OutboxEnqueueOptions {
+  /**
+   * Names of headers that describe the request that enqueued the message rather than the
+   * message (the fields a trace propagator writes: `b3`, `uber-trace-id`, `baggage`...). They
+   * are stored and published, but not compared when the id already exists, so an idempotent
+   * re-enqueue from another trace returns the stored message instead of throwing
+   * `OutboxDuplicateIdentityError`. Case-insensitive; `traceparent` and `tracestate` always
+   * count. `OutboxTelemetry#instrumentOutbox` passes the fields of the registered
+   * OpenTelemetry propagator.
+   *
+   * @default {["traceparent", "tracestate"]}
+   */
+  contextHeaders?: Iterable<string>;
+}
+
+/**
  * A stored outbox message: the record plus its delivery state. Timestamps are ISO-8601 strings
  * (`Date#toISOString()` form) whatever the store or driver returned.
  *
@@ -234,12 +266,15 @@ export interface OutboxRepository {
    * returns the stored message; different content throws `OutboxDuplicateIdentityError`.
    * Invalid records throw `OutboxValidationError` and store nothing.
    */
-  enqueue(record: OutboxRecord): Promise<OutboxMessage>;
+  enqueue(record: OutboxRecord, options?: OutboxEnqueueOptions): Promise<OutboxMessage>;
   /**
    * Stores many records; all are validated before anything is stored. Returns the stored
    * messages in input order (duplicates resolved as in `enqueue`).
    */
-  enqueueMany(records: readonly OutboxRecord[]): Promise<OutboxMessage[]>;
+  enqueueMany(
+    records: readonly OutboxRecord[],
+    options?: OutboxEnqueueOptions,
+  ): Promise<OutboxMessage[]>;
   /** Reads one message, or `undefined` when the id is unknown. */
   get(id: string): Promise<OutboxMessage | undefined>;
   /**
@@ -421,6 +456,16 @@ export interface InboxRepository {
    * handler and records after it succeeded.
    */
   has?(messageId: string, options?: InboxRecordOptions): Promise<boolean>;
+  /**
+   * Whether `record()` writes at once, outside any transaction of the caller (memory, NATS KV:
+   * `true`), so a rolled-back or failed piece of work cannot undo it. `processOnce` and
+   * `consumeWithInbox` then check `has()` before the work and record after it succeeded
+   * (at-least-once: never a lost message). Inboxes whose `record()` joins the caller's
+   * transaction (SQL) leave it unset or `false`.
+   *
+   * @default {false}
+   */
+  readonly recordsImmediately?: boolean;
 }
 
 /**

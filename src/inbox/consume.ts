@@ -2,14 +2,15 @@
  * The JetStream side of the inbox: a pull-consumer loop that processes each message once.
  *
  * For every message: open a transaction (through the runner you pass), record the message id
- * (`Nats-Msg-Id`, else `<stream>:<stream sequence>`) in the inbox, run the handler, commit, then
- * ack. A duplicate is acked without running the handler. A handler error rolls back and naks
+ * (`Nats-Msg-Id`, else `<stream>:<sequence>:<stored ns>`, see `messageIdOf`) in the inbox, run
+ * the handler, commit, then ack. A duplicate is acked without running the handler. A handler error rolls back and naks
  * with backoff; once the consumer's `max_deliver` is reached the message is terminated and
  * `onPoison` is called. Long handlers send in-progress acks so JetStream does not redeliver
  * mid-handler. `stop()` waits for the handlers in flight.
  *
- * Inboxes that cannot join the handler's transaction (memory, NATS KV) work without a runner:
- * the id is checked before the handler and recorded after it succeeded. That never loses a
+ * Inboxes that cannot join the handler's transaction (memory, NATS KV: `recordsImmediately`)
+ * work with or without a runner: the id is checked before the handler and recorded after it
+ * succeeded (after the runner's commit, when there is one). That never loses a
  * message, but a crash between the handler's side effects and the record makes the redelivery
  * run the handler again (at-least-once, not exactly-once).
  *
@@ -19,7 +20,7 @@
 import { OutboxValidationError } from "../core/errors.ts";
 import { positiveInteger } from "../core/limits.ts";
 import { backoffCeilingMs, type ResolvedRetryPolicy, resolveRetryPolicy } from "../core/retry.ts";
-import { outboxHeaders } from "../core/events.ts";
+import { messageIdOf } from "./message_id.ts";
 import type { InboxRepository, TransactionRunner } from "../core/types.ts";
 import {
   checkInboxRetention,
@@ -46,7 +47,11 @@ export interface JetStreamMessageLike {
     readonly stream: string;
     readonly streamSequence: number;
     readonly deliveryCount: number;
+    /** When the stream stored the message (ns since the epoch; nats.js parses it lossily). */
+    readonly timestampNanos?: number;
   };
+  /** When the stream stored the message, exactly (nats.js `JsMsg#timestampNanos`). */
+  readonly timestampNanos?: bigint;
   /** Acknowledges processing. */
   ack(): void;
   /** Asks for redelivery after `millis`. */
@@ -271,10 +276,14 @@ export async function consumeWithInbox<M extends JetStreamMessageLike, Tx = unde
       "an inbox bound to a transaction needs the `transaction` runner",
     );
   }
-  if (!options.transaction && typeof (options.inbox as InboxRepository).has !== "function") {
+  if (
+    (!options.transaction || (options.inbox as InboxRepository).recordsImmediately === true) &&
+    typeof (options.inbox as InboxRepository).has !== "function"
+  ) {
     throw new OutboxValidationError(
       "inbox",
-      "without a transaction runner the inbox must offer has() (memory and NATS KV inboxes do)",
+      "without a transaction runner, or with an inbox that records immediately, the inbox must " +
+        "offer has() (memory and NATS KV inboxes do)",
     );
   }
   const nak = resolveRetryPolicy({
@@ -371,13 +380,16 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
   }
 
   async #handle(message: M): Promise<InboxProcessResult> {
-    const messageId = messageIdOf(message);
     const deliveryCount = message.info.deliveryCount;
     const heartbeat = setInterval(() => message.working(), this.#heartbeatMs);
     let duplicate = false;
+    let messageId = "";
     try {
+      messageId = messageIdOf(message);
       const options = this.#options;
-      if (options.transaction) {
+      const immediate = typeof options.inbox !== "function" &&
+        options.inbox.recordsImmediately === true;
+      if (options.transaction && !immediate) {
         await options.transaction(async (tx) => {
           const inbox = typeof options.inbox === "function" ? options.inbox(tx) : options.inbox;
           if (!(await inbox.record(messageId, { consumer: this.#scope }))) {
@@ -387,11 +399,20 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
           await options.handler(message, { tx, messageId, deliveryCount });
         });
       } else {
+        // The inbox writes at once (memory, NATS KV): check before the handler, record only
+        // after it succeeded (and after its transaction committed, when there is one), so a
+        // failure or a rollback never leaves the id recorded without the work.
         const inbox = options.inbox as InboxRepository;
         if (await inbox.has!(messageId, { consumer: this.#scope })) {
           duplicate = true;
         } else {
-          await options.handler(message, { tx: undefined as Tx, messageId, deliveryCount });
+          if (options.transaction) {
+            await options.transaction((tx) =>
+              options.handler(message, { tx, messageId, deliveryCount })
+            );
+          } else {
+            await options.handler(message, { tx: undefined as Tx, messageId, deliveryCount });
+          }
           // false here means a concurrent delivery recorded it first: both ran the handler.
           await inbox.record(messageId, { consumer: this.#scope });
         }
@@ -440,22 +461,4 @@ function guard(fn: () => void): void {
   } catch {
     // Hooks must not break the loop.
   }
-}
-
-/**
- * The id a JetStream message is recorded under: its `Nats-Msg-Id` header (any case), else
- * `<stream>:<stream sequence>`, which is unique per stream.
- *
- * @example
- * ```ts
- * import type { JsMsg } from "@nats-io/jetstream";
- * import { messageIdOf } from "@outbox/nats";
- * const idOf = (message: JsMsg): string => messageIdOf(message);
- * ```
- */
-export function messageIdOf(message: JetStreamMessageLike): string {
-  const headers = message.headers;
-  const id = headers?.get(outboxHeaders.messageId) ||
-    headers?.get(outboxHeaders.messageId.toLowerCase());
-  return id || `${message.info.stream}:${message.info.streamSequence}`;
 }

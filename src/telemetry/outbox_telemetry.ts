@@ -30,6 +30,7 @@ import { nonNegative } from "../core/limits.ts";
 import type {
   OutboxAdmin,
   OutboxDeliveryOptions,
+  OutboxEnqueueOptions,
   OutboxMessage,
   OutboxPublishReceipt,
   OutboxRecord,
@@ -45,7 +46,7 @@ import type {
   OutboxDispatchHooks,
 } from "../dispatch/dispatch_outbox.ts";
 import { packageName, packageVersion } from "../version.ts";
-import { extractTraceContext, injectTraceContext } from "./trace_context.ts";
+import { extractTraceContext, injectTraceContext, traceHeaderNames } from "./trace_context.ts";
 
 // What the API hands out when no SDK is installed: the no-op meter's instruments are shared
 // singletons, and a proxy tracer provider without a delegate reports the no-op provider.
@@ -226,8 +227,11 @@ export class OutboxTelemetry {
 
   /**
    * Wraps a repository so `enqueue` and `enqueueMany` run in a producer span (`create <name>`)
-   * whose context is stored in the record headers (`traceparent`, `tracestate`). Other methods
-   * pass through. Wrap the transaction-bound repository you enqueue with.
+   * whose context is stored in the record headers (`traceparent`, `tracestate`, or whatever the
+   * registered propagator writes). Those headers are passed to the store as `contextHeaders`
+   * (exactly `propagation.fields()` plus the W3C names, see {@linkcode traceHeaderNames}), so
+   * an idempotent re-enqueue from another trace returns the stored message. Other methods pass
+   * through. Wrap the transaction-bound repository you enqueue with.
    *
    * @example
    * ```ts
@@ -237,12 +241,20 @@ export class OutboxTelemetry {
    * ```
    */
   instrumentOutbox<R extends OutboxRepository>(repository: R): R {
-    const enqueue = (record: OutboxRecord) =>
-      this.#produce([record], (records) => repository.enqueue(records[0]));
-    const enqueueMany = (records: readonly OutboxRecord[]) =>
-      records.length === 0
-        ? repository.enqueueMany(records)
-        : this.#produce(records, (traced) => repository.enqueueMany(traced));
+    // The trace headers this wrapper adds are request context, not message content: a retried
+    // enqueue from another trace must find the stored message identical.
+    const withContext = (options: OutboxEnqueueOptions | undefined): OutboxEnqueueOptions => {
+      const names = traceHeaderNames();
+      const extra = options?.contextHeaders;
+      return { ...options, contextHeaders: extra ? [...names, ...extra] : names };
+    };
+    const enqueue = (record: OutboxRecord, options?: OutboxEnqueueOptions) =>
+      this.#produce([record], (records) => repository.enqueue(records[0], withContext(options)));
+    const enqueueMany = (records: readonly OutboxRecord[], options?: OutboxEnqueueOptions) =>
+      records.length === 0 ? repository.enqueueMany(records, options) : this.#produce(
+        records,
+        (traced) => repository.enqueueMany(traced, withContext(options)),
+      );
     return new Proxy(repository, {
       get(target, property) {
         if (property === "enqueue") return enqueue;

@@ -41,6 +41,31 @@ function lookup(carrier: Record<string, string>, key: string): string | undefine
 }
 
 /**
+ * The names of the headers trace context travels in: `traceparent` and `tracestate`, plus the
+ * fields the globally registered OpenTelemetry propagator writes (`propagation.fields()`: `b3`,
+ * `uber-trace-id`, `baggage`...). Read at each call, so a propagator registered later counts.
+ * Pass them as `contextHeaders` when you inject trace context into records yourself;
+ * `OutboxTelemetry#instrumentOutbox` does it for you.
+ *
+ * @example
+ * ```ts
+ * import { MemoryOutboxRepository } from "@outbox/nats";
+ * import { injectTraceContext, traceHeaderNames } from "@outbox/nats/telemetry";
+ * const outbox = new MemoryOutboxRepository();
+ * await outbox.enqueue({
+ *   id: "evt-1", kind: "event.publish", name: "demo", subject: "demo.a", payload: "{}",
+ *   headers: injectTraceContext({}),
+ * }, { contextHeaders: traceHeaderNames() });
+ * ```
+ */
+export function traceHeaderNames(): string[] {
+  const fields = propagation.fields();
+  return fields.length === 0 ? [...w3cHeaders] : [...new Set([...w3cHeaders, ...fields])];
+}
+
+const w3cHeaders = ["traceparent", "tracestate"] as const;
+
+/**
  * Headers with the trace context of `ctx` (default: the active context) added as `traceparent`
  * and `tracestate`. Headers that already carry a `traceparent` are returned unchanged: the
  * caller chose the context.
@@ -79,7 +104,7 @@ export function extractTraceContext(
   if (typeof headers.get === "function") {
     const source = headers as { get(name: string): string };
     const carrier: Record<string, string> = {};
-    for (const name of ["traceparent", "tracestate"]) {
+    for (const name of traceHeaderNames()) {
       const value = source.get(name);
       if (value) carrier[name] = value;
     }

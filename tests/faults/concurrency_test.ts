@@ -151,7 +151,11 @@ Deno.test("concurrency: 2 processes (2 dispatchers each) on one SQLite file in W
   try {
     const executor = nodeSqliteExecutor(db);
     await migrate(executor, { dialect: "sqlite" });
-    const outbox = new SqlOutboxRepository(executor, "sqlite");
+    // The transactions below are opened with raw BEGIN: enqueue inside them deliberately.
+    const outbox = new SqlOutboxRepository(
+      nodeSqliteExecutor(db, { openTransaction: "join" }),
+      "sqlite",
+    );
     await using nats = await natsConnection();
     await using stream = await createTestStream(nats.nc);
     const base = {

@@ -14,6 +14,7 @@ import {
   betterSqlite3Executor,
   nodeSqliteExecutor,
   type SqlExecutor,
+  type SqliteExecutorOptions,
 } from "@outbox/nats";
 
 /** better-sqlite3's `Database` class, as far as the suite uses it. */
@@ -40,6 +41,10 @@ const Database = loadBetterSqlite3();
 /** An open SQLite file database. */
 export interface OpenSqlite {
   executor: SqlExecutor;
+  /** Another executor over the same connection, with `options`. */
+  executorWith(options: SqliteExecutorOptions): SqlExecutor;
+  /** Runs SQL on the connection directly, behind the library's back (`BEGIN`, `ROLLBACK`). */
+  exec(sql: string): void;
   close(): void;
 }
 
@@ -72,7 +77,12 @@ export const sqliteDrivers: readonly SqliteDriver[] = [
       const db = new DatabaseSync(path);
       db.exec("PRAGMA journal_mode = WAL");
       db.exec("PRAGMA busy_timeout = 10000");
-      return { executor: nodeSqliteExecutor(db), close: () => db.close() };
+      return {
+        executor: nodeSqliteExecutor(db),
+        executorWith: (options) => nodeSqliteExecutor(db, options),
+        exec: (sql) => db.exec(sql),
+        close: () => db.close(),
+      };
     },
   },
   {
@@ -83,7 +93,12 @@ export const sqliteDrivers: readonly SqliteDriver[] = [
       const db = new Database(path);
       db.pragma("journal_mode = WAL");
       db.pragma("busy_timeout = 10000");
-      return { executor: betterSqlite3Executor(db), close: () => db.close() };
+      return {
+        executor: betterSqlite3Executor(db),
+        executorWith: (options) => betterSqlite3Executor(db, options),
+        exec: (sql) => void db.exec(sql),
+        close: () => db.close(),
+      };
     },
   },
 ];

@@ -26,6 +26,8 @@ import { resolveInboxRecordOptions } from "../../core/inbox.ts";
  * ```
  */
 export class MemoryInboxRepository implements InboxRepository, InboxAdmin {
+  /** `record()` takes effect at once: no transaction can undo it. */
+  readonly recordsImmediately = true;
   /** consumer -> message id -> received at (epoch ms) */
   #seen = new Map<string, Map<string, number>>();
 

@@ -13,6 +13,7 @@ import type {
   OutboxClaim,
   OutboxClaimOptions,
   OutboxDeadLetter,
+  OutboxEnqueueOptions,
   OutboxFailure,
   OutboxListDeadOptions,
   OutboxMark,
@@ -88,18 +89,21 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /** Stores a record as `pending`; see {@linkcode OutboxRepository.enqueue}. */
-  enqueue(record: OutboxRecord): Promise<OutboxMessage> {
+  enqueue(record: OutboxRecord, options: OutboxEnqueueOptions = {}): Promise<OutboxMessage> {
     try {
       const valid = validateOutboxRecord(record);
       checkRecordSize(valid, this.#maxPayloadBytes);
-      return Promise.resolve(this.#enqueue(valid, new Date()));
+      return Promise.resolve(this.#enqueue(valid, new Date(), options.contextHeaders));
     } catch (error) {
       return Promise.reject(error);
     }
   }
 
   /** Stores many records, all or nothing on validation; see {@linkcode OutboxRepository.enqueueMany}. */
-  enqueueMany(records: readonly OutboxRecord[]): Promise<OutboxMessage[]> {
+  enqueueMany(
+    records: readonly OutboxRecord[],
+    options: OutboxEnqueueOptions = {},
+  ): Promise<OutboxMessage[]> {
     try {
       const valid = records.map(validateOutboxRecord);
       for (const record of valid) checkRecordSize(record, this.#maxPayloadBytes);
@@ -107,11 +111,13 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       const seen = new Map<string, OutboxRecord>();
       for (const record of valid) {
         const earlier = seen.get(record.id) ?? this.#all.get(record.id)?.message;
-        if (earlier) assertOutboxIdentity(earlier, record);
+        if (earlier) assertOutboxIdentity(earlier, record, options.contextHeaders);
         seen.set(record.id, record);
       }
       const now = new Date();
-      return Promise.resolve(valid.map((record) => this.#enqueue(record, now)));
+      return Promise.resolve(
+        valid.map((record) => this.#enqueue(record, now, options.contextHeaders)),
+      );
     } catch (error) {
       return Promise.reject(error);
     }
@@ -285,10 +291,10 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
     );
   }
 
-  #enqueue(record: OutboxRecord, now: Date): OutboxMessage {
+  #enqueue(record: OutboxRecord, now: Date, contextHeaders?: Iterable<string>): OutboxMessage {
     const existing = this.#all.get(record.id);
     if (existing) {
-      assertOutboxIdentity(existing.message, record);
+      assertOutboxIdentity(existing.message, record, contextHeaders);
       return copy(existing.message);
     }
     const nowIso = now.toISOString();

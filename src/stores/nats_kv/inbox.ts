@@ -81,6 +81,8 @@ export interface NatsKvInboxRetention {
  * ```
  */
 export class NatsKvInboxRepository implements InboxRepository, InboxAdmin {
+  /** `record()` writes to the bucket at once: no database transaction can undo it. */
+  readonly recordsImmediately = true;
   readonly #kv: KV;
   readonly #retentionMs: number | undefined;
   #retention: Promise<NatsKvInboxRetention> | undefined;

@@ -38,6 +38,7 @@ import type {
   OutboxClaim,
   OutboxClaimOptions,
   OutboxDeadLetter,
+  OutboxEnqueueOptions,
   OutboxFailure,
   OutboxListDeadOptions,
   OutboxMark,
@@ -199,9 +200,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /** Stores a record as `pending`; see {@linkcode OutboxRepository.enqueue}. */
-  async enqueue(record: OutboxRecord): Promise<OutboxMessage> {
+  async enqueue(record: OutboxRecord, options: OutboxEnqueueOptions = {}): Promise<OutboxMessage> {
     const valid = validateOutboxRecord(record);
-    return await this.#store(valid, this.#prepare(valid, new Date()));
+    const prepared = this.#prepare(valid, new Date());
+    return await this.#store(valid, prepared, undefined, options.contextHeaders);
   }
 
   /**
@@ -209,13 +211,16 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * already stored with other content are detected before anything is written (a concurrent
    * writer can still win between the check and the write; that record then throws alone).
    */
-  async enqueueMany(records: readonly OutboxRecord[]): Promise<OutboxMessage[]> {
+  async enqueueMany(
+    records: readonly OutboxRecord[],
+    options: OutboxEnqueueOptions = {},
+  ): Promise<OutboxMessage[]> {
     const valid = records.map(validateOutboxRecord);
     if (valid.length === 0) return [];
     const first = new Map<string, OutboxRecord>();
     for (const record of valid) {
       const earlier = first.get(record.id);
-      if (earlier) assertOutboxIdentity(earlier, record);
+      if (earlier) assertOutboxIdentity(earlier, record, options.contextHeaders);
       else first.set(record.id, record);
     }
     const unique = [...first.values()];
@@ -225,14 +230,14 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     if (unique.length > 1) {
       const existing = await Promise.all(unique.map((record) => this.#read(record.id)));
       existing.forEach((stored, i) => {
-        if (stored?.ok) assertOutboxIdentity(stored.record, unique[i]);
+        if (stored?.ok) assertOutboxIdentity(stored.record, unique[i], options.contextHeaders);
       });
     }
     // Keys first (hashing is asynchronous), then every write issued in one go, in input order,
     // so the enqueue order (the marker revisions) follows the input.
     const keys = await Promise.all(unique.map((record) => outboxRecordKey(record.id)));
     const stored = await Promise.all(
-      unique.map((record, i) => this.#store(record, prepared[i], keys[i])),
+      unique.map((record, i) => this.#store(record, prepared[i], keys[i], options.contextHeaders)),
     );
     const byId = new Map(stored.map((message) => [message.id, message]));
     return valid.map((record) => structuredClone(byId.get(record.id)!));
@@ -686,6 +691,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     record: OutboxRecord,
     prepared: { stored: StoredOutboxRecord; bytes: Uint8Array },
     knownKey?: string,
+    contextHeaders?: Iterable<string>,
   ): Promise<OutboxMessage> {
     const codec = await recordCodec();
     // No await before the writes when the key is known: callers rely on the issue order.
@@ -744,7 +750,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       // The marker written with the attempt points at a settled record: take it back.
       await this.#kv.delete(markerKey, { previousSeq: indexed.value }).catch(() => {});
     }
-    assertOutboxIdentity(existing, record);
+    assertOutboxIdentity(existing, record, contextHeaders);
     return toMessage(existing);
   }
 

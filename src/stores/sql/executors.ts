@@ -8,6 +8,11 @@
  * @module
  */
 
+import { OutboxValidationError } from "../../core/errors.ts";
+import { nonNegative } from "../../core/limits.ts";
+import { connectionQueue } from "./connection_queue.ts";
+import { waitForForeignTransaction } from "./errors.ts";
+
 /**
  * One result row, keyed by column name.
  *
@@ -26,7 +31,11 @@ export type SqlRow = Record<string, unknown>;
  * statements join it.
  *
  * `transaction`, when present, runs `fn` inside a transaction on one connection (a savepoint
- * when the executor is already a transaction). Only `migrate()` needs it.
+ * when the executor is the `tx` handle of a transaction). The adapters' executors over one
+ * connection (a SQLite database, a `pg.Client`, a reserved postgres.js connection) queue their
+ * transactions per connection object, so any number of executors may share it; a pool hands
+ * each transaction its own connection. `migrate()`, the SQLite transaction runner and
+ * inbox consumers use it.
  *
  * @example
  * ```ts
@@ -96,8 +105,10 @@ type Begin = <T>(fn: (tx: PostgresJsSql) => Promise<T>) => Promise<T>;
  * An executor over postgres.js: `sql`, the `tx` handed to `sql.begin`, or a reserved
  * connection. Statements run through `unsafe(text, params)` with positional parameters.
  *
- * `transaction` uses `sql.begin` on the top-level handle, `tx.savepoint` inside a transaction,
- * and `BEGIN` / `COMMIT` on a reserved connection.
+ * `transaction` uses `sql.begin` on the top-level handle (a connection of the pool per
+ * transaction), `tx.savepoint` inside a transaction, and `BEGIN` / `COMMIT` on a reserved
+ * connection, one transaction at a time per reserved connection (the executor's other
+ * statements wait while one is open).
  *
  * @example
  * ```ts ignore
@@ -120,23 +131,24 @@ export function postgresJsExecutor(
   options: PostgresJsExecutorOptions = {},
 ): SqlExecutor {
   const unsafeOptions = { prepare: options.prepare ?? true };
-  const executor: SqlExecutor = {
-    async query(text, params) {
-      const rows = await sql.unsafe(text, params as never[], unsafeOptions);
-      return rows as unknown as SqlRow[];
-    },
-    transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
-      const wrap = (tx: PostgresJsSql) => fn(postgresJsExecutor(tx, options));
-      if (typeof sql.begin === "function") {
-        return (sql.begin as Begin).call(sql, wrap) as Promise<T>;
-      }
-      if (typeof sql.savepoint === "function") {
-        return (sql.savepoint as Begin).call(sql, wrap) as Promise<T>;
-      }
-      return manualTransaction(executor, "BEGIN", fn);
-    },
+  const direct = async (text: string, params: readonly unknown[]): Promise<SqlRow[]> => {
+    const rows = await sql.unsafe(text, params as never[], unsafeOptions);
+    return rows as unknown as SqlRow[];
   };
-  return executor;
+  if (typeof sql.begin === "function" || typeof sql.savepoint === "function") {
+    // The top-level handle (a pool: sql.begin reserves a connection per transaction) or a
+    // transaction's `tx` (its statements belong to that transaction; transaction() nests).
+    return {
+      query: direct,
+      transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
+        const wrap = (tx: PostgresJsSql) => fn(postgresJsExecutor(tx, options));
+        const begin = (sql.begin ?? sql.savepoint) as Begin;
+        return begin.call(sql, wrap) as Promise<T>;
+      },
+    };
+  }
+  // A reserved connection: one transaction at a time, through the connection's queue.
+  return singleConnection(sql, direct, undefined, "postgres.js reserved", 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -161,6 +173,28 @@ export interface PgQueryable {
   release?: unknown;
   /** Present on a `Pool`. */
   totalCount?: unknown;
+  /** `Client` / `PoolClient` (pg 8.x): `"I"` idle, `"T"` in a transaction, `"E"` failed one. */
+  getTransactionStatus?: () => string | null;
+}
+
+/**
+ * Options for {@linkcode pgExecutor}.
+ *
+ * @example
+ * ```ts
+ * import type { PgExecutorOptions } from "@outbox/nats";
+ * const options: PgExecutorOptions = { openTransactionTimeoutMs: 1_000 };
+ * ```
+ */
+export interface PgExecutorOptions {
+  /**
+   * On a `Client` / `PoolClient`: how long `transaction(fn)` waits for a transaction the library
+   * did not open on the connection (your own `BEGIN`) to end before it throws
+   * {@linkcode SqlForeignTransactionError}. It never nests inside it.
+   *
+   * @default {5000}
+   */
+  openTransactionTimeoutMs?: number;
 }
 
 interface PgPoolClient extends PgQueryable {
@@ -171,8 +205,14 @@ interface PgPoolClient extends PgQueryable {
  * An executor over node-postgres (`pg`): a `Pool`, a `Client`, or a `PoolClient` you checked
  * out (for example to run a transaction).
  *
- * `transaction` checks a client out of a `Pool` for `BEGIN` ... `COMMIT`; on a `Client` or
- * `PoolClient` it issues `BEGIN` / `COMMIT` on it, so call it outside your own transaction.
+ * `transaction` checks a client out of a `Pool` for `BEGIN` ... `COMMIT`. On a `Client` or
+ * `PoolClient` it issues `BEGIN` / `COMMIT` on it, one transaction at a time per connection
+ * object (whichever executor over it asked), and the executor's other statements wait while one
+ * is open; it waits for a transaction you opened yourself on the connection to end (bounded,
+ * then {@linkcode SqlForeignTransactionError}) instead of nesting in it. Statements issued while
+ * no library transaction is open run at once, inside your own `BEGIN` if you opened one (as in
+ * the example): never let a dispatcher share a connection on which your code runs `BEGIN`
+ * itself.
  *
  * @example
  * ```ts ignore
@@ -197,20 +237,40 @@ interface PgPoolClient extends PgQueryable {
  * }
  * ```
  */
-export function pgExecutor(queryable: PgQueryable): SqlExecutor {
+export function pgExecutor(queryable: PgQueryable, options: PgExecutorOptions = {}): SqlExecutor {
   const isPool = typeof queryable.release !== "function" && "totalCount" in queryable &&
     typeof queryable.connect === "function";
-  const executor: SqlExecutor = {
-    async query(text, params) {
-      const result = await queryable.query(text, params as unknown[]);
-      return result.rows;
-    },
+  const direct = async (text: string, params: readonly unknown[]): Promise<SqlRow[]> => {
+    const result = await queryable.query(text, params as unknown[]);
+    return result.rows;
+  };
+  if (!isPool) {
+    const status = queryable.getTransactionStatus;
+    const foreign = typeof status === "function"
+      ? () => {
+        const value = status.call(queryable);
+        return value === "T" || value === "E";
+      }
+      : undefined;
+    return singleConnection(
+      queryable,
+      direct,
+      foreign,
+      "node-postgres",
+      nonNegative("openTransactionTimeoutMs", options.openTransactionTimeoutMs ?? 5_000),
+    );
+  }
+  return {
+    query: direct,
     async transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
-      if (!isPool) return await manualTransaction(executor, "BEGIN", fn);
+      // A dedicated client per transaction: concurrent transactions never share a connection.
       const client = await (queryable.connect as () => Promise<PgPoolClient>)();
       let broken = false;
       try {
-        return await manualTransaction(pgExecutor(client), "BEGIN", fn, () => {
+        const tx = transactionHandle(async (text, params) =>
+          (await client.query(text, params as unknown[])).rows
+        );
+        return await manualTransaction(tx, fn, () => {
           broken = true;
         });
       } finally {
@@ -218,7 +278,6 @@ export function pgExecutor(queryable: PgQueryable): SqlExecutor {
       }
     },
   };
-  return executor;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -297,6 +356,43 @@ function sqliteParams(params: readonly unknown[]): never[] {
 }
 
 /**
+ * Options for {@linkcode nodeSqliteExecutor} and {@linkcode betterSqlite3Executor}.
+ *
+ * @example
+ * ```ts
+ * import type { SqliteExecutorOptions } from "@outbox/nats";
+ * // For enqueueing inside a transaction an ORM opened on the connection:
+ * const options: SqliteExecutorOptions = { openTransaction: "join" };
+ * ```
+ */
+export interface SqliteExecutorOptions {
+  /**
+   * What a statement or `transaction(fn)` does when it finds a transaction open on the
+   * connection that the library did not open (`db.isTransaction` / `db.inTransaction`: your own
+   * `BEGIN`, an ORM's transaction):
+   *
+   * - `"wait"`: wait for it to end (at most `openTransactionTimeoutMs`, then
+   *   {@linkcode SqlForeignTransactionError}; nothing ran). Never runs inside it. The setting
+   *   for a dispatcher, an inbox consumer and anything else sharing the connection.
+   * - `"join"`: statements run inside it, and `transaction(fn)` is a savepoint in it. Use such
+   *   an executor only to enqueue (or record an inbox id) inside a transaction your own code
+   *   opened on the connection, never for a dispatcher or an inbox consumer.
+   *
+   * Either way, the library's own transactions on the connection (from any executor over the
+   * same database object) are queued, and statements wait for them instead of joining them.
+   *
+   * @default {"wait"}
+   */
+  openTransaction?: "wait" | "join";
+  /**
+   * How long `"wait"` waits for a foreign transaction to end before it throws.
+   *
+   * @default {5000}
+   */
+  openTransactionTimeoutMs?: number;
+}
+
+/**
  * An executor over a synchronous SQLite database with `prepare(sql).all(...params)`:
  * `node:sqlite`'s `DatabaseSync` (also `@db/sqlite`). Prepared statements are cached by SQL
  * text per database; `undefined` binds as NULL, booleans as 0/1, `Date`s as ISO text.
@@ -304,10 +400,15 @@ function sqliteParams(params: readonly unknown[]): never[] {
  * A connection has one transaction at a time and every statement on it joins the open one, so
  * run your transactions through `executor.transaction(fn)` (or
  * {@linkcode sqliteTransactionRunner}): it queues them, runs `BEGIN IMMEDIATE` ... `COMMIT`, and
- * hands `fn` a transaction handle; statements issued on the executor itself meanwhile (a
- * dispatcher sharing the connection) wait for the commit instead of joining the transaction.
- * Inside a transaction you opened yourself with `db.exec("BEGIN")`, `transaction` uses a
- * savepoint. Recommended settings for a file database: `PRAGMA journal_mode = WAL` and
+ * hands `fn` a transaction handle; statements issued meanwhile on any executor over the same
+ * database object (a dispatcher sharing the connection) wait for the commit instead of joining
+ * the transaction. The queue belongs to the database object, not to the executor: create as
+ * many executors over one database as you like.
+ *
+ * A transaction you opened yourself (`db.exec("BEGIN")`) is never joined: the executor's
+ * statements and transactions wait for it to end, then run (see
+ * {@linkcode SqliteExecutorOptions.openTransaction} to enqueue inside it deliberately).
+ * Recommended settings for a file database: `PRAGMA journal_mode = WAL` and
  * `PRAGMA busy_timeout = 5000`.
  *
  * @example
@@ -329,11 +430,17 @@ function sqliteParams(params: readonly unknown[]): never[] {
  * });
  * ```
  */
-export function nodeSqliteExecutor(db: SqliteDatabase): SqlExecutor {
+export function nodeSqliteExecutor(
+  db: SqliteDatabase,
+  options: SqliteExecutorOptions = {},
+): SqlExecutor {
   return sqliteConnection(
+    db,
     (sql, params) => cachedStatement(db, sql).all(...sqliteParams(params)) as SqlRow[],
     (sql) => db.exec ? db.exec(sql) : cachedStatement(db, sql).all(...([] as never[])),
     () => db.isTransaction ?? db.inTransaction ?? false,
+    options,
+    "SQLite",
   );
 }
 
@@ -341,7 +448,9 @@ export function nodeSqliteExecutor(db: SqliteDatabase): SqlExecutor {
  * An executor over a better-sqlite3 `Database` (for a Node without `node:sqlite`, which came in
  * 22.5). Statements that return rows run with `.all()`, the others with `.run()`
  * (better-sqlite3's `.all()` throws for statements without results). Prepared statements are
- * cached by SQL text; parameters are mapped as in {@linkcode nodeSqliteExecutor}.
+ * cached by SQL text; parameters are mapped as in {@linkcode nodeSqliteExecutor}, and
+ * transactions are queued per database object and never join a transaction the library did not
+ * open, as there.
  *
  * @example
  * ```ts ignore
@@ -355,8 +464,12 @@ export function nodeSqliteExecutor(db: SqliteDatabase): SqlExecutor {
  * const outbox = new SqlOutboxRepository(executor, "sqlite");
  * ```
  */
-export function betterSqlite3Executor(db: BetterSqlite3Database): SqlExecutor {
+export function betterSqlite3Executor(
+  db: BetterSqlite3Database,
+  options: SqliteExecutorOptions = {},
+): SqlExecutor {
   return sqliteConnection(
+    db,
     (sql, params) => {
       // better-sqlite3 treats numbered parameters (?1) as named ones: bind positionally.
       const { text, order } = positionalParameters(sql);
@@ -368,6 +481,8 @@ export function betterSqlite3Executor(db: BetterSqlite3Database): SqlExecutor {
     },
     (sql) => db.exec(sql),
     () => db.inTransaction,
+    options,
+    "SQLite",
   );
 }
 
@@ -413,24 +528,39 @@ function positionalParameters(sql: string): { text: string; order?: number[] } {
 let savepointCounter = 0;
 
 /**
- * One synchronous SQLite connection shared by async callers. A connection has one transaction
- * at a time and every statement on it joins the open transaction, so:
+ * One synchronous SQLite connection shared by async callers, through the queue of its database
+ * object (shared by every executor over it). A connection has one transaction at a time and
+ * every statement on it joins the open transaction, so:
  *
  * - `transaction(fn)` calls are queued and each runs `BEGIN IMMEDIATE` ... `COMMIT` (`ROLLBACK`
  *   when `fn` throws), handing `fn` a transaction handle whose statements run at once;
- * - a statement on the connection handle itself, issued while a queued transaction is open (the
- *   dispatcher's claim, say), waits until that transaction ended instead of joining it, so it
- *   can never see or commit another caller's uncommitted rows;
- * - inside a transaction the caller opened itself (`db.exec("BEGIN")`), `transaction(fn)` uses
- *   a savepoint, and statements run at once.
+ * - a statement on an executor, issued while the queue is busy (the dispatcher's claim during
+ *   an inbox transaction, say), queues behind it instead of joining it, so it can never see or
+ *   commit another caller's uncommitted rows;
+ * - a transaction open on the connection that the library did not open (`openedElsewhere()`
+ *   while the queue is idle) is waited for, bounded, in `"wait"` mode; `"join"` mode runs
+ *   statements inside it and nests `transaction(fn)` as a savepoint.
  */
 function sqliteConnection(
+  db: object,
   run: (sql: string, params: readonly unknown[]) => SqlRow[],
   exec: (sql: string) => unknown,
   openedElsewhere: () => boolean,
+  options: SqliteExecutorOptions,
+  driver: string,
 ): SqlExecutor {
-  let tail: Promise<unknown> = Promise.resolve();
-  let open = false;
+  const queue = connectionQueue(db);
+  const join = options.openTransaction === "join";
+  if (!join && options.openTransaction !== undefined && options.openTransaction !== "wait") {
+    throw new OutboxValidationError(
+      "openTransaction",
+      `openTransaction must be "wait" or "join", got ${String(options.openTransaction)}`,
+    );
+  }
+  const timeoutMs = nonNegative(
+    "openTransactionTimeoutMs",
+    options.openTransactionTimeoutMs ?? 5_000,
+  );
   const direct = (sql: string, params: readonly unknown[]): Promise<SqlRow[]> => {
     try {
       return Promise.resolve(run(sql, params));
@@ -438,6 +568,10 @@ function sqliteConnection(
       return Promise.reject(error);
     }
   };
+  // Waiting and running happen in one synchronous step after the wait, so no foreign BEGIN can
+  // slip in between the check and the statement.
+  const notInForeign = () =>
+    join ? undefined : waitForForeignTransaction(openedElsewhere, timeoutMs, driver);
   const savepoint = async <T>(fn: (tx: SqlExecutor) => Promise<T>, tx: SqlExecutor) => {
     const name = `outbox_sp_${++savepointCounter}`;
     exec(`SAVEPOINT ${name}`);
@@ -457,13 +591,18 @@ function sqliteConnection(
   };
   return {
     query(sql, params) {
-      return open ? tail.then(() => direct(sql, params)) : direct(sql, params);
+      if (!queue.busy && (join || !openedElsewhere())) return direct(sql, params);
+      return queue.run(async () => {
+        await notInForeign();
+        return run(sql, params);
+      });
     },
     transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
-      if (!open && openedElsewhere()) return savepoint(fn, handle);
-      const result = tail.then(async () => {
+      if (join && !queue.busy && openedElsewhere()) return savepoint(fn, handle);
+      return queue.run(async () => {
+        await notInForeign();
+        if (join && openedElsewhere()) return await savepoint(fn, handle);
         exec("BEGIN IMMEDIATE");
-        open = true;
         try {
           const value = await fn(handle);
           exec("COMMIT");
@@ -475,24 +614,82 @@ function sqliteConnection(
             // SQLite may already have rolled back (for example after SQLITE_FULL)
           }
           throw error;
-        } finally {
-          open = false;
         }
       });
-      tail = result.catch(() => {});
-      return result;
     },
   };
+}
+
+/**
+ * An executor over one connection that is not a pool (a `pg.Client` or `PoolClient`, a
+ * reserved postgres.js connection), through the connection's queue (shared by every executor
+ * over the same connection object): `transaction(fn)` calls run one at a time, and a statement
+ * issued while the queue is busy waits instead of joining the open transaction. Statements
+ * issued while the queue is idle run at once, inside whatever transaction the caller opened on
+ * the connection itself (the documented way to enqueue inside your own `BEGIN`).
+ * `transaction(fn)` never nests in such a caller's transaction: with `foreign` (the driver
+ * reports the connection's transaction status) it waits for it to end, bounded.
+ */
+function singleConnection(
+  connection: object,
+  direct: (text: string, params: readonly unknown[]) => Promise<SqlRow[]>,
+  foreign: (() => boolean) | undefined,
+  driver: string,
+  timeoutMs: number,
+): SqlExecutor {
+  const queue = connectionQueue(connection);
+  const handle = transactionHandle(direct);
+  return {
+    query(text, params) {
+      return queue.busy ? queue.run(() => direct(text, params)) : direct(text, params);
+    },
+    transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
+      return queue.run(async () => {
+        if (foreign) await waitForForeignTransaction(foreign, timeoutMs, driver);
+        return await manualTransaction(handle, fn);
+      });
+    },
+  };
+}
+
+let pgSavepointCounter = 0;
+
+/** The `tx` handed to `fn` inside the library's transaction: statements run at once. */
+function transactionHandle(
+  direct: (text: string, params: readonly unknown[]) => Promise<SqlRow[]>,
+): SqlExecutor {
+  const handle: SqlExecutor = {
+    query: direct,
+    transaction: (fn) => savepointTransaction(handle, fn),
+  };
+  return handle;
+}
+
+/** A savepoint inside the library's own transaction (a deliberate nesting by `fn`'s code). */
+async function savepointTransaction<T>(
+  tx: SqlExecutor,
+  fn: (tx: SqlExecutor) => Promise<T>,
+): Promise<T> {
+  const name = `outbox_sp_${++pgSavepointCounter}`;
+  await tx.query(`SAVEPOINT ${name}`, []);
+  let result: T;
+  try {
+    result = await fn(tx);
+  } catch (error) {
+    await tx.query(`ROLLBACK TO SAVEPOINT ${name}`, []).catch(() => {});
+    throw error;
+  }
+  await tx.query(`RELEASE SAVEPOINT ${name}`, []);
+  return result;
 }
 
 /** BEGIN / COMMIT on an executor bound to one connection. */
 async function manualTransaction<T>(
   executor: SqlExecutor,
-  begin: string,
   fn: (tx: SqlExecutor) => Promise<T>,
   onRollbackFailure?: () => void,
 ): Promise<T> {
-  await executor.query(begin, []);
+  await executor.query("BEGIN", []);
   let result: T;
   try {
     result = await fn(executor);

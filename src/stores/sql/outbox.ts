@@ -19,6 +19,7 @@ import type {
   OutboxClaim,
   OutboxClaimOptions,
   OutboxDeadLetter,
+  OutboxEnqueueOptions,
   OutboxFailure,
   OutboxListDeadOptions,
   OutboxMark,
@@ -80,9 +81,11 @@ export interface SqlOutboxRepositoryOptions {
 
 /**
  * An outbox in a Postgres or SQLite table, over an executor you own. Enqueue through an
- * executor bound to your transaction (postgres.js `tx`, a `pg` client inside `BEGIN`, or the
- * SQLite connection between `BEGIN IMMEDIATE` and `COMMIT`) and the outbox row commits or rolls
- * back with your business rows. Constructing one is cheap (statement texts are cached), so
+ * executor bound to your transaction (postgres.js `tx`, a `pg` client inside `BEGIN`, or on
+ * SQLite the `tx` handle of `executor.transaction(fn)` / `sqliteTransactionRunner`) and the
+ * outbox row commits or rolls back with your business rows. (A SQLite executor never joins a
+ * transaction opened on the connection outside the library, such as a raw
+ * `db.exec("BEGIN IMMEDIATE")`: it waits for it to end; see `SqliteExecutorOptions`.) Constructing one is cheap (statement texts are cached), so
  * create it per transaction.
  *
  * Claims are one statement (Postgres: `FOR UPDATE SKIP LOCKED`), FIFO by enqueue order, and
@@ -143,7 +146,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /** Stores a record as `pending` (one statement); see {@linkcode OutboxRepository.enqueue}. */
-  async enqueue(record: OutboxRecord): Promise<OutboxMessage> {
+  async enqueue(record: OutboxRecord, options: OutboxEnqueueOptions = {}): Promise<OutboxMessage> {
     const valid = validateOutboxRecord(record);
     checkRecordSize(valid, this.#maxPayloadBytes);
     const now = new Date().toISOString();
@@ -161,7 +164,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     if (inserted) return decodeOutboxRow(inserted);
     const existing = await this.get(valid.id);
     if (!existing) throw new OutboxStorageConflictError(valid.id);
-    assertOutboxIdentity(existing, valid);
+    assertOutboxIdentity(existing, valid, options.contextHeaders);
     return existing;
   }
 
@@ -172,17 +175,20 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
    * content, racing this call, can leave the batch's other records inserted; inside a
    * transaction the error rolls them back with it.)
    */
-  async enqueueMany(records: readonly OutboxRecord[]): Promise<OutboxMessage[]> {
+  async enqueueMany(
+    records: readonly OutboxRecord[],
+    options: OutboxEnqueueOptions = {},
+  ): Promise<OutboxMessage[]> {
     const valid = records.map(validateOutboxRecord);
     for (const record of valid) checkRecordSize(record, this.#maxPayloadBytes);
     const firsts = new Map<string, OutboxRecord>();
     for (const record of valid) {
       const earlier = firsts.get(record.id);
-      if (earlier) assertOutboxIdentity(earlier, record);
+      if (earlier) assertOutboxIdentity(earlier, record, options.contextHeaders);
       else firsts.set(record.id, record);
     }
     if (firsts.size === 0) return [];
-    if (valid.length === 1) return [await this.enqueue(valid[0])];
+    if (valid.length === 1) return [await this.enqueue(valid[0], options)];
     const stored = new Map<string, OutboxMessage>();
     let pending = [...firsts.values()];
     // Round 1 inserts everything unless some id exists; then those are compared, and round 2
@@ -211,7 +217,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       ]);
       for (const row of rows) {
         const message = decodeOutboxRow(row);
-        assertOutboxIdentity(message, firsts.get(message.id)!);
+        assertOutboxIdentity(message, firsts.get(message.id)!, options.contextHeaders);
         stored.set(message.id, message);
       }
       pending = missing.filter((record) => !stored.has(record.id));

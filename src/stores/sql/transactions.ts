@@ -11,10 +11,12 @@ import type { SqlExecutor } from "./executors.ts";
  * A `TransactionRunner` for one SQLite connection (an executor from
  * `nodeSqliteExecutor` or `betterSqlite3Executor`): runs each `work` between `BEGIN IMMEDIATE`
  * and `COMMIT` (`ROLLBACK` when it throws), one at a time, in call order, through the
- * executor's own `transaction`, so statements other code issues on the executor meanwhile (a
- * dispatcher sharing the connection) wait for the commit instead of joining the transaction.
- * Inside `work`, use the `tx` handle it receives, never the outer executor (that would wait
- * for the very transaction it runs in).
+ * executor's own `transaction`, which queues per database object: statements other code issues
+ * meanwhile on any executor over the same database (a dispatcher or an inbox consumer sharing
+ * the connection) wait for the commit instead of joining the transaction, and a transaction
+ * opened on the connection outside the library is waited for, never joined. Inside `work`, use
+ * the `tx` handle it receives, never an outer executor (that would wait for the very
+ * transaction it runs in).
  *
  * @example
  * ```ts

@@ -1,0 +1,68 @@
+/**
+ * Errors of the SQL stores' executors.
+ *
+ * @module
+ */
+
+/**
+ * A statement or transaction of the library found a transaction open on its connection that the
+ * library did not open (your own `BEGIN`, an ORM's transaction), waited for it to end, and gave
+ * up after `waitedMs`. The library never runs its statements inside a transaction it did not
+ * open: a dispatcher's claim there could publish a row that later rolls back, and an inbox
+ * transaction there would only be a savepoint that the outer rollback undoes after the ack.
+ * Nothing ran.
+ *
+ * Run your transactions through the executor (`executor.transaction(fn)` or
+ * `sqliteTransactionRunner`), enqueue inside them on the `tx` handle, or give the relay its own
+ * connection. To enqueue inside a transaction your own code opened on the connection, use an
+ * executor created with `{ openTransaction: "join" }` for that.
+ *
+ * @example
+ * ```ts
+ * import { DatabaseSync } from "node:sqlite";
+ * import { nodeSqliteExecutor, SqlForeignTransactionError } from "@outbox/nats";
+ *
+ * const db = new DatabaseSync(":memory:");
+ * const executor = nodeSqliteExecutor(db, { openTransactionTimeoutMs: 10 });
+ * db.exec("BEGIN");
+ * try {
+ *   await executor.query("SELECT 1", []);
+ * } catch (error) {
+ *   console.log(error instanceof SqlForeignTransactionError); // true
+ * }
+ * db.exec("ROLLBACK");
+ * ```
+ */
+export class SqlForeignTransactionError extends Error {
+  /** How long the library waited for the foreign transaction to end. */
+  readonly waitedMs: number;
+  /** Creates the error; `driver` names the connection, for example `node:sqlite`. */
+  constructor(driver: string, waitedMs: number, options?: ErrorOptions) {
+    super(
+      `A transaction the library did not open is open on this ${driver} connection and did not ` +
+        `end within ${waitedMs} ms; the library never runs its statements inside it (they would ` +
+        `see or commit its uncommitted rows). Run transactions through executor.transaction(fn) ` +
+        `or sqliteTransactionRunner, give the relay its own connection, or use an executor with ` +
+        `{ openTransaction: "join" } to enqueue inside your own transaction. Nothing ran.`,
+      options,
+    );
+    this.name = "SqlForeignTransactionError";
+    this.waitedMs = waitedMs;
+  }
+}
+
+/** Waits until `open()` is false, polling with a growing interval; throws after `timeoutMs`. */
+export async function waitForForeignTransaction(
+  open: () => boolean,
+  timeoutMs: number,
+  driver: string,
+): Promise<void> {
+  const started = Date.now();
+  let delay = 1;
+  while (open()) {
+    const waited = Date.now() - started;
+    if (waited >= timeoutMs) throw new SqlForeignTransactionError(driver, timeoutMs);
+    await new Promise((resolve) => setTimeout(resolve, Math.min(delay, timeoutMs - waited)));
+    delay = Math.min(delay * 2, 25);
+  }
+}

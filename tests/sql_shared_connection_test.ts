@@ -1,0 +1,292 @@
+/**
+ * One connection, many users: a SQLite handle, a `pg.Client` or a reserved postgres.js
+ * connection shared by a service, a dispatcher and an inbox consumer. A connection has one
+ * transaction, so the library queues its transactions per connection object (whichever executor
+ * asked) and never runs its statements inside a transaction it did not open.
+ */
+
+import assert from "node:assert/strict";
+import postgres from "postgres";
+// @ts-types="@types/pg"
+import pg from "pg";
+import { AckPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
+import {
+  consumeWithInbox,
+  migrate,
+  nodeSqliteExecutor,
+  type OutboxRecord,
+  pgExecutor,
+  postgresJsExecutor,
+  type SqlExecutor,
+  SqlForeignTransactionError,
+  SqlInboxRepository,
+  SqlOutboxRepository,
+} from "../mod.ts";
+import { connectNats, createTestDatabase, createTestStream, eventually } from "./kit/mod.ts";
+import { openSqlite } from "./sql/harness.ts";
+
+let n = 0;
+function record(id = `m-${++n}`): OutboxRecord {
+  return {
+    id,
+    kind: "event.publish",
+    name: "order.created",
+    subject: "orders.created",
+    payload: JSON.stringify({ n }),
+    headers: {},
+  };
+}
+
+class Boom extends Error {}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function withSqlite(fn: (db: ReturnType<typeof openSqlite>) => Promise<void>): Promise<void> {
+  const dir = await Deno.makeTempDir({ prefix: "outbox_shared_" });
+  const db = openSqlite(`${dir}/app.db`);
+  try {
+    await migrate(nodeSqliteExecutor(db), { dialect: "sqlite" });
+    await fn(db);
+  } finally {
+    db.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
+Deno.test("node:sqlite: two executors over one database share its queue: a relay's claim never joins the service's transaction", async () => {
+  await withSqlite(async (db) => {
+    const service = nodeSqliteExecutor(db);
+    const relay = new SqlOutboxRepository(nodeSqliteExecutor(db), "sqlite");
+    let claimedDuring: Promise<string[]> | undefined;
+    await assert.rejects(
+      service.transaction!(async (tx) => {
+        await new SqlOutboxRepository(tx, "sqlite").enqueue(record("uncommitted"));
+        claimedDuring = relay.claimDue(10, new Date()).then((rows) => rows.map((r) => r.id));
+        await sleep(20);
+        throw new Boom("the order was rejected");
+      }),
+      Boom,
+    );
+    assert.deepEqual(await claimedDuring, [], "nothing phantom from the rolled-back transaction");
+    assert.equal(await relay.get("uncommitted"), undefined);
+    // Two executors' transactions queue on the connection instead of interleaving.
+    const order: string[] = [];
+    await Promise.all(
+      [service, nodeSqliteExecutor(db)].map((executor, i) =>
+        executor.transaction!(async (tx) => {
+          order.push(`${i}:begin`);
+          await new SqlOutboxRepository(tx, "sqlite").enqueue(record(`queued-${i}`));
+          await sleep(10);
+          order.push(`${i}:end`);
+        })
+      ),
+    );
+    assert.deepEqual(order, ["0:begin", "0:end", "1:begin", "1:end"]);
+  });
+});
+
+Deno.test("node:sqlite: a transaction opened outside the library is waited for, never joined (no phantom claim, no accidental savepoint)", async () => {
+  await withSqlite(async (db) => {
+    const executor = nodeSqliteExecutor(db);
+    const relay = new SqlOutboxRepository(executor, "sqlite");
+    // The service opens its own transaction and enqueues inside it, deliberately (join mode).
+    db.exec("BEGIN IMMEDIATE");
+    await new SqlOutboxRepository(nodeSqliteExecutor(db, { openTransaction: "join" }), "sqlite")
+      .enqueue(record("raw-uncommitted"));
+    // Meanwhile the relay claims and an inbox consumer opens its transaction on the same handle.
+    const claimed = relay.claimDue(10, new Date()).then((rows) => rows.map((r) => r.id));
+    const inboxDone = executor.transaction!(async (tx) => {
+      assert.equal(await new SqlInboxRepository(tx, "sqlite").record("evt-1"), true);
+    });
+    await sleep(30);
+    db.exec("ROLLBACK");
+    assert.deepEqual(await claimed, [], "the claim ran after the rollback: nothing phantom");
+    await inboxDone;
+    assert.equal(await relay.get("raw-uncommitted"), undefined);
+    assert.equal(
+      await new SqlInboxRepository(executor, "sqlite").has("evt-1"),
+      true,
+      "the inbox transaction ran after the foreign one, not as a savepoint inside it",
+    );
+  });
+});
+
+Deno.test("node:sqlite: a foreign transaction that does not end fails the library's statements with SqlForeignTransactionError", async () => {
+  await withSqlite(async (db) => {
+    const executor = nodeSqliteExecutor(db, { openTransactionTimeoutMs: 50 });
+    db.exec("BEGIN IMMEDIATE");
+    try {
+      const relay = new SqlOutboxRepository(executor, "sqlite");
+      await assert.rejects(relay.claimDue(10, new Date()), SqlForeignTransactionError);
+      let ran = false;
+      await assert.rejects(
+        executor.transaction!(() => {
+          ran = true;
+          return Promise.resolve();
+        }),
+        (error: unknown) => {
+          assert.ok(error instanceof SqlForeignTransactionError);
+          assert.equal(error.waitedMs, 50);
+          assert.match(error.message, /did not open/);
+          return true;
+        },
+      );
+      assert.equal(ran, false, "nothing ran inside the foreign transaction");
+    } finally {
+      db.exec("ROLLBACK");
+    }
+    // Once it ended, the same executor works again.
+    assert.deepEqual(await new SqlOutboxRepository(executor, "sqlite").claimDue(1, new Date()), []);
+  });
+});
+
+/** Creates `effects` on a fresh database; returns its URL and a disposer. */
+async function postgresDatabase() {
+  const database = await createTestDatabase();
+  const admin = postgres(database.url, { max: 1, onnotice: () => {} });
+  await migrate(postgresJsExecutor(admin), { dialect: "postgres" });
+  await admin.unsafe("CREATE TABLE effects (id text PRIMARY KEY)");
+  return {
+    url: database.url,
+    admin,
+    async effects(): Promise<string[]> {
+      return (await admin.unsafe("SELECT id FROM effects ORDER BY id")).map((r) => r.id);
+    },
+    async inbox(): Promise<string[]> {
+      return (await admin.unsafe("SELECT message_id FROM trellis_inbox ORDER BY message_id"))
+        .map((r) => r.message_id);
+    },
+    async [Symbol.asyncDispose]() {
+      await admin.end();
+      await database[Symbol.asyncDispose]();
+    },
+  };
+}
+
+/** Two concurrent transactions on one connection: A fails after B wrote; B must commit. */
+async function concurrentTransactions(executors: [SqlExecutor, SqlExecutor]): Promise<void> {
+  const [a, b] = executors;
+  const failing = a.transaction!(async (tx) => {
+    await tx.query("INSERT INTO effects (id) VALUES ($1)", ["a"]);
+    await sleep(30);
+    throw new Boom("handler A failed");
+  });
+  const succeeding = b.transaction!(async (tx) => {
+    await tx.query("INSERT INTO effects (id) VALUES ($1)", ["b"]);
+    await new SqlInboxRepository(tx, "postgres").record("b");
+  });
+  await assert.rejects(failing, Boom);
+  await succeeding;
+}
+
+Deno.test("pg.Client: concurrent transactions on one client are serialized; one's rollback never undoes another's writes", async () => {
+  await using db = await postgresDatabase();
+  const client = new pg.Client({ connectionString: db.url });
+  await client.connect();
+  try {
+    // Two executors over the same client: the queue belongs to the client.
+    await concurrentTransactions([pgExecutor(client), pgExecutor(client)]);
+    assert.deepEqual(await db.effects(), ["b"]);
+    assert.deepEqual(await db.inbox(), ["b"]);
+    // A plain statement issued while a transaction is open waits for it instead of joining it.
+    const executor = pgExecutor(client);
+    let seen: unknown;
+    await assert.rejects(
+      executor.transaction!(async (tx) => {
+        await tx.query("INSERT INTO effects (id) VALUES ($1)", ["c"]);
+        seen = executor.query("SELECT count(*)::int AS n FROM effects WHERE id = 'c'", []);
+        await sleep(20);
+        throw new Boom("rolled back");
+      }),
+      Boom,
+    );
+    assert.deepEqual(await seen, [{ n: 0 }]);
+  } finally {
+    await client.end();
+  }
+});
+
+Deno.test("pg.Client: transaction() waits for a BEGIN the caller issued on the client, never nests in it", async () => {
+  await using db = await postgresDatabase();
+  const client = new pg.Client({ connectionString: db.url });
+  await client.connect();
+  try {
+    await client.query("BEGIN");
+    await client.query("INSERT INTO effects (id) VALUES ('outer')");
+    const inner = pgExecutor(client).transaction!(async (tx) => {
+      await tx.query("INSERT INTO effects (id) VALUES ($1)", ["inner"]);
+    });
+    await sleep(30);
+    await client.query("ROLLBACK");
+    await inner;
+    assert.deepEqual(await db.effects(), ["inner"], "the inner transaction ran on its own");
+    await client.query("BEGIN");
+    await assert.rejects(
+      pgExecutor(client, { openTransactionTimeoutMs: 30 }).transaction!(() => Promise.resolve()),
+      SqlForeignTransactionError,
+    );
+    await client.query("ROLLBACK");
+  } finally {
+    await client.end();
+  }
+});
+
+Deno.test("postgres.js sql.reserve(): concurrent transactions on one reserved connection are serialized", async () => {
+  await using db = await postgresDatabase();
+  const sql = postgres(db.url, { max: 2, onnotice: () => {} });
+  const reserved = await sql.reserve();
+  try {
+    await concurrentTransactions([postgresJsExecutor(reserved), postgresJsExecutor(reserved)]);
+    assert.deepEqual(await db.effects(), ["b"]);
+    assert.deepEqual(await db.inbox(), ["b"]);
+  } finally {
+    reserved.release();
+    await sql.end();
+  }
+});
+
+Deno.test("pg.Client: consumeWithInbox with concurrency 2, handler A fails and B succeeds: B's effects and inbox row are kept", async () => {
+  await using db = await postgresDatabase();
+  const client = new pg.Client({ connectionString: db.url });
+  await client.connect();
+  const nc = await connectNats();
+  try {
+    await using stream = await createTestStream(nc);
+    const jsm = await jetstreamManager(nc);
+    await jsm.consumers.add(stream.name, {
+      durable_name: "worker",
+      ack_policy: AckPolicy.Explicit,
+    });
+    const js = jetstream(nc);
+    await js.publish(`${stream.prefix}.a`, "a", { msgID: "a" });
+    await js.publish(`${stream.prefix}.b`, "b", { msgID: "b" });
+    let failures = 0;
+    const running = await consumeWithInbox(await js.consumers.get(stream.name, "worker"), {
+      scope: "worker",
+      concurrency: 2,
+      nakBackoff: { baseMs: 60_000, capMs: 60_000 }, // A is not redelivered during the test
+      transaction: (work) => pgExecutor(client).transaction!(work),
+      inbox: (tx: SqlExecutor) => new SqlInboxRepository(tx, "postgres"),
+      handler: async (message, { tx, messageId }) => {
+        await tx.query("INSERT INTO effects (id) VALUES ($1)", [messageId]);
+        if (messageId === "a") {
+          await sleep(50); // B runs meanwhile
+          failures += 1;
+          throw new Boom("handler A failed");
+        }
+        void message;
+      },
+    });
+    await eventually(() => {
+      assert.equal(running.stats.processed, 1);
+      assert.equal(running.stats.failed, 1);
+    }, { timeoutMs: 10_000 });
+    await running.stop();
+    assert.equal(failures, 1);
+    assert.deepEqual(await db.effects(), ["b"], "B's effect survived A's rollback");
+    assert.deepEqual(await db.inbox(), ["b"], "B's inbox row survived A's rollback");
+  } finally {
+    await nc.close();
+    await client.end();
+  }
+});
