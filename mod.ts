@@ -152,6 +152,16 @@ export {
 } from "./src/runtime/jetstream.ts";
 export { classifyJetStreamError } from "./src/runtime/jetstream_errors.ts";
 export {
+  defaultPubAckWindow,
+  type PubAck,
+  type PubAckConnection,
+  type PubAckHeaders,
+  PubAckPipeline,
+  pubAckPipelineFor,
+  type PubAckReply,
+  type PubAckSubscription,
+} from "./src/runtime/pub_ack_pipeline.ts";
+export {
   defaultSqlOutboxTables,
   maxSqlTableNameLength,
   type ResolvedSqlOutboxTables,

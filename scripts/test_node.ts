@@ -32,6 +32,7 @@ import { NatsServer } from "../tests/kit/nats_server.ts";
 
 /** Packages the Node tests import; their versions come from deno.json. */
 const testPackages = [
+  "@nats-io/nats-core",
   "@nats-io/transport-node",
   "@nats-io/jetstream",
   "@nats-io/kv",
