@@ -290,3 +290,43 @@ Deno.test("pg.Client: consumeWithInbox with concurrency 2, handler A fails and B
     await client.end();
   }
 });
+
+Deno.test("node:sqlite: a BEGIN issued by other code between the library's wait and its statement is still never joined", async () => {
+  // The queue's next entry checks the connection, then runs: any await between the two lets
+  // other code (here: whoever awaited the previous library transaction, a few ticks later)
+  // open a transaction that the library's statement would then join.
+  for (let ticks = 0; ticks < 6; ticks++) {
+    await withSqlite(async (db) => {
+      db.exec("CREATE TABLE effects (id TEXT PRIMARY KEY)");
+      const service = nodeSqliteExecutor(db);
+      const relay = nodeSqliteExecutor(db);
+      let open!: () => void;
+      const gate = new Promise<void>((resolve) => open = resolve);
+      const first = service.transaction!(() => gate);
+      const statement = relay.query("INSERT INTO effects (id) VALUES ('statement')", []);
+      const transaction = relay.transaction!(async (tx) => {
+        await tx.query("INSERT INTO effects (id) VALUES ('transaction')", []);
+      });
+      const foreign = (async () => {
+        await first;
+        for (let i = 0; i < ticks; i++) await null;
+        try {
+          db.exec("BEGIN");
+        } catch {
+          return; // the library's own transaction was open: nothing to test at this tick
+        }
+        await sleep(10);
+        db.exec("ROLLBACK");
+      })();
+      open();
+      await statement;
+      await transaction;
+      await foreign;
+      assert.deepEqual(
+        db.prepare("SELECT id FROM effects ORDER BY id").all().map((row) => row.id),
+        ["statement", "transaction"],
+        `after ${ticks} ticks: the library's writes ran inside the foreign transaction`,
+      );
+    });
+  }
+});

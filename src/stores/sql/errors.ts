@@ -51,12 +51,17 @@ export class SqlForeignTransactionError extends Error {
   }
 }
 
-/** Waits until `open()` is false, polling with a growing interval; throws after `timeoutMs`. */
-export async function waitForForeignTransaction(
+/**
+ * Waits until `open()` is false, polling with a growing interval, then calls `then` in the same
+ * synchronous step as the check that found the connection free (an await in between would let
+ * other code open a transaction that `then`'s statement would join); throws after `timeoutMs`.
+ */
+export async function waitForForeignTransaction<T>(
   open: () => boolean,
   timeoutMs: number,
   driver: string,
-): Promise<void> {
+  then: () => T | Promise<T>,
+): Promise<T> {
   const started = Date.now();
   let delay = 1;
   while (open()) {
@@ -65,4 +70,5 @@ export async function waitForForeignTransaction(
     await new Promise((resolve) => setTimeout(resolve, Math.min(delay, timeoutMs - waited)));
     delay = Math.min(delay * 2, 25);
   }
+  return await then();
 }

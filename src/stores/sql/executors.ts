@@ -568,10 +568,12 @@ function sqliteConnection(
       return Promise.reject(error);
     }
   };
-  // Waiting and running happen in one synchronous step after the wait, so no foreign BEGIN can
-  // slip in between the check and the statement.
-  const notInForeign = () =>
-    join ? undefined : waitForForeignTransaction(openedElsewhere, timeoutMs, driver);
+  // The check that finds the connection free and the first statement happen in one synchronous
+  // step (`then`), so no foreign BEGIN can slip in between them.
+  const notInForeign = <T>(then: () => T | Promise<T>): Promise<T> =>
+    join
+      ? Promise.resolve().then(then)
+      : waitForForeignTransaction(openedElsewhere, timeoutMs, driver, then);
   const savepoint = async <T>(fn: (tx: SqlExecutor) => Promise<T>, tx: SqlExecutor) => {
     const name = `outbox_sp_${++savepointCounter}`;
     exec(`SAVEPOINT ${name}`);
@@ -589,33 +591,35 @@ function sqliteConnection(
     query: direct,
     transaction: (fn) => savepoint(fn, handle),
   };
+  /** Runs `fn` in the transaction just begun; commits, or rolls back when it throws. */
+  const ownTransaction = async <T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> => {
+    try {
+      const value = await fn(handle);
+      exec("COMMIT");
+      return value;
+    } catch (error) {
+      try {
+        if (openedElsewhere()) exec("ROLLBACK");
+      } catch {
+        // SQLite may already have rolled back (for example after SQLITE_FULL)
+      }
+      throw error;
+    }
+  };
   return {
     query(sql, params) {
       if (!queue.busy && (join || !openedElsewhere())) return direct(sql, params);
-      return queue.run(async () => {
-        await notInForeign();
-        return run(sql, params);
-      });
+      return queue.run(() => notInForeign(() => run(sql, params)));
     },
     transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
       if (join && !queue.busy && openedElsewhere()) return savepoint(fn, handle);
-      return queue.run(async () => {
-        await notInForeign();
-        if (join && openedElsewhere()) return await savepoint(fn, handle);
-        exec("BEGIN IMMEDIATE");
-        try {
-          const value = await fn(handle);
-          exec("COMMIT");
-          return value;
-        } catch (error) {
-          try {
-            if (openedElsewhere()) exec("ROLLBACK");
-          } catch {
-            // SQLite may already have rolled back (for example after SQLITE_FULL)
-          }
-          throw error;
-        }
-      });
+      return queue.run(() =>
+        notInForeign(() => {
+          if (join && openedElsewhere()) return savepoint(fn, handle);
+          exec("BEGIN IMMEDIATE");
+          return ownTransaction(fn);
+        })
+      );
     },
   };
 }
@@ -644,10 +648,16 @@ function singleConnection(
       return queue.busy ? queue.run(() => direct(text, params)) : direct(text, params);
     },
     transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
-      return queue.run(async () => {
-        if (foreign) await waitForForeignTransaction(foreign, timeoutMs, driver);
-        return await manualTransaction(handle, fn);
-      });
+      return queue.run(() =>
+        foreign
+          ? waitForForeignTransaction(
+            foreign,
+            timeoutMs,
+            driver,
+            () => manualTransaction(handle, fn),
+          )
+          : manualTransaction(handle, fn)
+      );
     },
   };
 }
