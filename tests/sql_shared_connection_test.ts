@@ -330,3 +330,37 @@ Deno.test("node:sqlite: a BEGIN issued by other code between the library's wait 
     });
   }
 });
+
+Deno.test("pg.Client: transaction() never nests in a BEGIN the caller sent just before it (still in flight)", async () => {
+  await using db = await postgresDatabase();
+  const client = new pg.Client({ connectionString: db.url });
+  await client.connect();
+  client.on("notice", () => {});
+  try {
+    const executor = pgExecutor(client);
+    let open!: () => void;
+    const gate = new Promise<void>((resolve) => open = resolve);
+    const first = executor.transaction!(() => gate);
+    const library = executor.transaction!(async (tx) => {
+      await tx.query("INSERT INTO effects (id) VALUES ($1)", ["library"]);
+    });
+    // The caller's own transaction starts as soon as the first library transaction ended: its
+    // BEGIN is on the wire when the next library transaction looks at the connection.
+    const caller = (async () => {
+      await first;
+      await client.query("BEGIN");
+      await client.query("INSERT INTO effects (id) VALUES ('caller')");
+      await sleep(30);
+      await client.query("ROLLBACK");
+    })();
+    open();
+    await Promise.all([library, caller]);
+    assert.deepEqual(
+      await db.effects(),
+      ["library"],
+      "the library's COMMIT committed the caller's transaction, which it then could not roll back",
+    );
+  } finally {
+    await client.end();
+  }
+});

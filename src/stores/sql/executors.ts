@@ -252,12 +252,27 @@ export function pgExecutor(queryable: PgQueryable, options: PgExecutorOptions = 
         return value === "T" || value === "E";
       }
       : undefined;
+    // The client's status is only as fresh as its last completed query: a BEGIN the caller
+    // sent just before ours may still be on the wire. One round trip tells exactly whether our
+    // BEGIN started the transaction: within one simple-protocol message, the transaction start
+    // time equals the statement time only for a transaction this message began.
+    const begin = foreign &&
+      (async (): Promise<boolean> => {
+        const result: unknown = await queryable.query(
+          "BEGIN; SELECT now() = statement_timestamp() AS fresh",
+        );
+        const rows = Array.isArray(result)
+          ? (result[1] as { rows?: SqlRow[] } | undefined)?.rows
+          : undefined;
+        return rows?.[0]?.fresh !== false;
+      });
     return singleConnection(
       queryable,
       direct,
       foreign,
       "node-postgres",
       nonNegative("openTransactionTimeoutMs", options.openTransactionTimeoutMs ?? 5_000),
+      begin,
     );
   }
   return {
@@ -640,24 +655,26 @@ function singleConnection(
   foreign: (() => boolean) | undefined,
   driver: string,
   timeoutMs: number,
+  beginOwn?: () => Promise<boolean>,
 ): SqlExecutor {
   const queue = connectionQueue(connection);
   const handle = transactionHandle(direct);
+  // BEGIN, once no transaction opened elsewhere is open (waited for, bounded). `beginOwn`
+  // resolves false when its BEGIN landed in a transaction that a statement sent just before it
+  // opened (a no-op then): that one is waited for too, and BEGIN sent again.
+  const begin = async (): Promise<void> => {
+    for (;;) {
+      if (foreign) await waitForForeignTransaction(foreign, timeoutMs, driver, () => {});
+      if (!beginOwn) return void await direct("BEGIN", []);
+      if (await beginOwn()) return;
+    }
+  };
   return {
     query(text, params) {
       return queue.busy ? queue.run(() => direct(text, params)) : direct(text, params);
     },
     transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
-      return queue.run(() =>
-        foreign
-          ? waitForForeignTransaction(
-            foreign,
-            timeoutMs,
-            driver,
-            () => manualTransaction(handle, fn),
-          )
-          : manualTransaction(handle, fn)
-      );
+      return queue.run(() => manualTransaction(handle, fn, undefined, begin));
     },
   };
 }
@@ -698,8 +715,9 @@ async function manualTransaction<T>(
   executor: SqlExecutor,
   fn: (tx: SqlExecutor) => Promise<T>,
   onRollbackFailure?: () => void,
+  begin: () => Promise<unknown> = () => executor.query("BEGIN", []),
 ): Promise<T> {
-  await executor.query("BEGIN", []);
+  await begin();
   let result: T;
   try {
     result = await fn(executor);
