@@ -364,3 +364,29 @@ Deno.test("pg.Client: transaction() never nests in a BEGIN the caller sent just 
     await client.end();
   }
 });
+
+Deno.test("node:sqlite: callers queued behind a foreign transaction that does not end each fail within openTransactionTimeoutMs, not one after another", async () => {
+  await withSqlite(async (db) => {
+    const executor = nodeSqliteExecutor(db, { openTransactionTimeoutMs: 150 });
+    db.exec("BEGIN IMMEDIATE");
+    try {
+      const started = Date.now();
+      const failedAfter = await Promise.all(
+        [1, 2, 3, 4, 5].map(async (i) => {
+          const call = i % 2
+            ? executor.query("SELECT 1", [])
+            : executor.transaction!(() => sleep(1));
+          await assert.rejects(call, SqlForeignTransactionError);
+          return Date.now() - started;
+        }),
+      );
+      // Waiting in the queue for the same foreign transaction counts: the fifth caller must not
+      // wait five timeouts (a stuck transaction would grow the queue without bound).
+      assert.ok(Math.max(...failedAfter) < 450, `failed after ${failedAfter.join(", ")} ms`);
+    } finally {
+      db.exec("ROLLBACK");
+    }
+    // A caller arriving once the transaction ended is not failed by the old clock.
+    assert.deepEqual((await executor.query("SELECT 1 AS one", [])).map((row) => row.one), [1]);
+  });
+});

@@ -61,14 +61,22 @@ export async function waitForForeignTransaction<T>(
   timeoutMs: number,
   driver: string,
   then: () => T | Promise<T>,
+  clock: { calledAt: number; queue: { foreignSince: number | undefined } } = {
+    calledAt: Date.now(),
+    queue: { foreignSince: undefined },
+  },
 ): Promise<T> {
-  const started = Date.now();
+  // The wait counts from the call, or from when the queue first saw this foreign transaction
+  // if that is later: callers queued behind one another all fail within `timeoutMs` of it.
   let delay = 1;
   while (open()) {
-    const waited = Date.now() - started;
+    const now = Date.now();
+    clock.queue.foreignSince ??= now;
+    const waited = now - Math.max(clock.calledAt, clock.queue.foreignSince);
     if (waited >= timeoutMs) throw new SqlForeignTransactionError(driver, timeoutMs);
     await new Promise((resolve) => setTimeout(resolve, Math.min(delay, timeoutMs - waited)));
     delay = Math.min(delay * 2, 25);
   }
+  clock.queue.foreignSince = undefined;
   return await then();
 }

@@ -400,7 +400,9 @@ export interface SqliteExecutorOptions {
    */
   openTransaction?: "wait" | "join";
   /**
-   * How long `"wait"` waits for a foreign transaction to end before it throws.
+   * How long `"wait"` waits for a foreign transaction to end before it throws, counted from
+   * the call (or from when the connection's queue first saw that transaction, if later), so
+   * callers queued behind one another fail together rather than one timeout after another.
    *
    * @default {5000}
    */
@@ -585,10 +587,10 @@ function sqliteConnection(
   };
   // The check that finds the connection free and the first statement happen in one synchronous
   // step (`then`), so no foreign BEGIN can slip in between them.
-  const notInForeign = <T>(then: () => T | Promise<T>): Promise<T> =>
+  const notInForeign = <T>(then: () => T | Promise<T>, calledAt: number): Promise<T> =>
     join
       ? Promise.resolve().then(then)
-      : waitForForeignTransaction(openedElsewhere, timeoutMs, driver, then);
+      : waitForForeignTransaction(openedElsewhere, timeoutMs, driver, then, { calledAt, queue });
   const savepoint = async <T>(fn: (tx: SqlExecutor) => Promise<T>, tx: SqlExecutor) => {
     const name = `outbox_sp_${++savepointCounter}`;
     exec(`SAVEPOINT ${name}`);
@@ -624,16 +626,18 @@ function sqliteConnection(
   return {
     query(sql, params) {
       if (!queue.busy && (join || !openedElsewhere())) return direct(sql, params);
-      return queue.run(() => notInForeign(() => run(sql, params)));
+      const calledAt = Date.now();
+      return queue.run(() => notInForeign(() => run(sql, params), calledAt));
     },
     transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
       if (join && !queue.busy && openedElsewhere()) return savepoint(fn, handle);
+      const calledAt = Date.now();
       return queue.run(() =>
         notInForeign(() => {
           if (join && openedElsewhere()) return savepoint(fn, handle);
           exec("BEGIN IMMEDIATE");
           return ownTransaction(fn);
-        })
+        }, calledAt)
       );
     },
   };
@@ -662,9 +666,11 @@ function singleConnection(
   // BEGIN, once no transaction opened elsewhere is open (waited for, bounded). `beginOwn`
   // resolves false when its BEGIN landed in a transaction that a statement sent just before it
   // opened (a no-op then): that one is waited for too, and BEGIN sent again.
-  const begin = async (): Promise<void> => {
+  const begin = async (calledAt: number): Promise<void> => {
     for (;;) {
-      if (foreign) await waitForForeignTransaction(foreign, timeoutMs, driver, () => {});
+      if (foreign) {
+        await waitForForeignTransaction(foreign, timeoutMs, driver, () => {}, { calledAt, queue });
+      }
       if (!beginOwn) return void await direct("BEGIN", []);
       if (await beginOwn()) return;
     }
@@ -674,7 +680,8 @@ function singleConnection(
       return queue.busy ? queue.run(() => direct(text, params)) : direct(text, params);
     },
     transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
-      return queue.run(() => manualTransaction(handle, fn, undefined, begin));
+      const calledAt = Date.now();
+      return queue.run(() => manualTransaction(handle, fn, undefined, () => begin(calledAt)));
     },
   };
 }
