@@ -159,6 +159,8 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     records: readonly OutboxRecord[],
     options: OutboxEnqueueOptions = {},
   ): Promise<OutboxMessage[]> {
+    // contextHeaders may be a one-shot iterator, and it is read once per comparison.
+    options = { ...options, contextHeaders: options.contextHeaders && [...options.contextHeaders] };
     const valid = records.map(validateOutboxRecord);
     const firsts = new Map<string, OutboxRecord>();
     for (const record of valid) {
