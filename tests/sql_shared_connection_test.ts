@@ -390,3 +390,31 @@ Deno.test("node:sqlite: callers queued behind a foreign transaction that does no
     assert.deepEqual((await executor.query("SELECT 1 AS one", [])).map((row) => row.one), [1]);
   });
 });
+
+Deno.test('node:sqlite: a "join" executor enqueues inside the caller\'s transaction at once, even while a relay statement waits for that transaction', async () => {
+  await withSqlite(async (db) => {
+    const relay = new SqlOutboxRepository(
+      nodeSqliteExecutor(db, { openTransactionTimeoutMs: 2_000 }),
+      "sqlite",
+    );
+    const service = nodeSqliteExecutor(db, { openTransaction: "join" });
+    db.exec("BEGIN IMMEDIATE");
+    let claimed: Promise<string[]>;
+    let enqueueMs: number;
+    try {
+      claimed = relay.claimDue(10, new Date()).then((claims) => claims.map((c) => c.id));
+      claimed.catch(() => {}); // awaited below
+      await sleep(5); // the claim is queued, waiting for this transaction to end
+      const started = Date.now();
+      await new SqlOutboxRepository(service, "sqlite").enqueue(record("joined"));
+      await service.transaction!(async (tx) => {
+        await new SqlOutboxRepository(tx, "sqlite").enqueue(record("joined-savepoint"));
+      });
+      enqueueMs = Date.now() - started;
+    } finally {
+      db.exec("COMMIT");
+    }
+    assert.ok(enqueueMs < 500, `the enqueue waited ${enqueueMs} ms behind the relay's claim`);
+    assert.deepEqual((await claimed).sort(), ["joined", "joined-savepoint"]);
+  });
+});

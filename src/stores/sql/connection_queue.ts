@@ -21,6 +21,11 @@ export class ConnectionQueue {
    * queued behind the first one waiting for it count their wait from then, not from their turn.
    */
   foreignSince: number | undefined;
+  /**
+   * Whether a transaction the library began is open on the connection (so an open transaction
+   * is not a foreign one that a `"join"` executor may run in, even while entries wait).
+   */
+  ownTransactionOpen = false;
 
   /** Whether an entry is running or waiting: a new statement must queue, not run at once. */
   get busy(): boolean {

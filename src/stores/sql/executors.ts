@@ -610,6 +610,7 @@ function sqliteConnection(
   };
   /** Runs `fn` in the transaction just begun; commits, or rolls back when it throws. */
   const ownTransaction = async <T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> => {
+    queue.ownTransactionOpen = true;
     try {
       const value = await fn(handle);
       exec("COMMIT");
@@ -621,16 +622,23 @@ function sqliteConnection(
         // SQLite may already have rolled back (for example after SQLITE_FULL)
       }
       throw error;
+    } finally {
+      queue.ownTransactionOpen = false;
     }
   };
+  // In "join" mode, a transaction open on the connection that the library did not begin is the
+  // caller's own: run in it at once, never behind entries that wait for it to end (those would
+  // wait for the caller, and the caller for them, until the timeout).
+  const inCallersTransaction = () => join && !queue.ownTransactionOpen && openedElsewhere();
   return {
     query(sql, params) {
+      if (inCallersTransaction()) return direct(sql, params);
       if (!queue.busy && (join || !openedElsewhere())) return direct(sql, params);
       const calledAt = Date.now();
       return queue.run(() => notInForeign(() => run(sql, params), calledAt));
     },
     transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
-      if (join && !queue.busy && openedElsewhere()) return savepoint(fn, handle);
+      if (inCallersTransaction()) return savepoint(fn, handle);
       const calledAt = Date.now();
       return queue.run(() =>
         notInForeign(() => {
