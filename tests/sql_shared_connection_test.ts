@@ -418,3 +418,30 @@ Deno.test('node:sqlite: a "join" executor enqueues inside the caller\'s transact
     assert.deepEqual((await claimed).sort(), ["joined", "joined-savepoint"]);
   });
 });
+
+Deno.test("pg.Client: statements in the caller's own BEGIN run at once, even while a library transaction waits for it", async () => {
+  await using db = await postgresDatabase();
+  const client = new pg.Client({ connectionString: db.url });
+  await client.connect();
+  try {
+    const consumer = pgExecutor(client, { openTransactionTimeoutMs: 2_000 });
+    await client.query("BEGIN");
+    let inbox: Promise<unknown>;
+    let enqueueMs: number;
+    try {
+      inbox = consumer.transaction!((tx) => new SqlInboxRepository(tx, "postgres").record("evt-1"));
+      inbox.catch(() => {}); // awaited below
+      await sleep(5); // the inbox transaction is queued, waiting for this BEGIN to end
+      const started = Date.now();
+      await new SqlOutboxRepository(pgExecutor(client), "postgres").enqueue(record("mine"));
+      enqueueMs = Date.now() - started;
+    } finally {
+      await client.query("COMMIT");
+    }
+    assert.ok(enqueueMs < 500, `the enqueue waited ${enqueueMs} ms behind the inbox transaction`);
+    await inbox;
+    assert.deepEqual(await db.inbox(), ["evt-1"]);
+  } finally {
+    await client.end();
+  }
+});

@@ -673,23 +673,39 @@ function singleConnection(
   const handle = transactionHandle(direct);
   // BEGIN, once no transaction opened elsewhere is open (waited for, bounded). `beginOwn`
   // resolves false when its BEGIN landed in a transaction that a statement sent just before it
-  // opened (a no-op then): that one is waited for too, and BEGIN sent again.
+  // opened (a no-op then): that one is waited for too, and BEGIN sent again. From the check on,
+  // an open transaction is the library's (`ownTransactionOpen`), not the caller's.
   const begin = async (calledAt: number): Promise<void> => {
+    const mine = () => {
+      queue.ownTransactionOpen = true;
+    };
     for (;;) {
       if (foreign) {
-        await waitForForeignTransaction(foreign, timeoutMs, driver, () => {}, { calledAt, queue });
-      }
+        await waitForForeignTransaction(foreign, timeoutMs, driver, mine, { calledAt, queue });
+      } else mine();
       if (!beginOwn) return void await direct("BEGIN", []);
       if (await beginOwn()) return;
+      queue.ownTransactionOpen = false;
     }
   };
   return {
     query(text, params) {
-      return queue.busy ? queue.run(() => direct(text, params)) : direct(text, params);
+      // Queued while a library transaction is open or pending, except inside the caller's own
+      // BEGIN (pending library transactions wait for it: they must not be waited for).
+      if (!queue.busy || (foreign && !queue.ownTransactionOpen && foreign())) {
+        return direct(text, params);
+      }
+      return queue.run(() => direct(text, params));
     },
     transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
       const calledAt = Date.now();
-      return queue.run(() => manualTransaction(handle, fn, undefined, () => begin(calledAt)));
+      return queue.run(async () => {
+        try {
+          return await manualTransaction(handle, fn, undefined, () => begin(calledAt));
+        } finally {
+          queue.ownTransactionOpen = false;
+        }
+      });
     },
   };
 }
