@@ -277,6 +277,20 @@ export async function consumeWithInbox<M extends JetStreamMessageLike, Tx = unde
     );
   }
   if (
+    options.transaction && typeof options.inbox !== "function" &&
+    options.inbox.recordsImmediately !== true
+  ) {
+    // Such an inbox records outside the handler's transaction: over the runner's own connection
+    // it waits forever for the transaction it runs in, over another one it commits the id before
+    // the handler ran (a failed handler's redelivery would be acked as a duplicate).
+    throw new OutboxValidationError(
+      "inbox",
+      "with a transaction runner, pass the inbox as a function of the transaction, such as " +
+        "(tx) => new SqlInboxRepository(tx, dialect), so the id commits with the handler's " +
+        "writes; only an inbox that records immediately (memory, NATS KV) may be passed as is",
+    );
+  }
+  if (
     (!options.transaction || (options.inbox as InboxRepository).recordsImmediately === true) &&
     typeof (options.inbox as InboxRepository).has !== "function"
   ) {
