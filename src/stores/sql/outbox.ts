@@ -179,6 +179,8 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     records: readonly OutboxRecord[],
     options: OutboxEnqueueOptions = {},
   ): Promise<OutboxMessage[]> {
+    // contextHeaders may be a one-shot iterator, and it is read once per comparison.
+    options = { ...options, contextHeaders: options.contextHeaders && [...options.contextHeaders] };
     const valid = records.map(validateOutboxRecord);
     for (const record of valid) checkRecordSize(record, this.#maxPayloadBytes);
     const firsts = new Map<string, OutboxRecord>();
