@@ -99,6 +99,12 @@ export {
 export { defaultLeaseMs, toIsoTimestamp } from "./src/core/time.ts";
 export { defaultPruneBatchSize } from "./src/core/limits.ts";
 export { applyMarks } from "./src/core/marks.ts";
+export {
+  type FencedState,
+  type FenceVerdict,
+  fenceVerdict,
+  newClaimToken,
+} from "./src/core/fence.ts";
 export { defaultInboxConsumer, resolveInboxRecordOptions } from "./src/core/inbox.ts";
 export {
   MemoryOutboxRepository,

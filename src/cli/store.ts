@@ -140,7 +140,7 @@ export async function openSqlDatabase(
 
 /**
  * The schema version the outbox table has: 0 when it does not exist, 1 without the `seq`
- * column (the reference's DDL), 2 with it.
+ * column (the reference's DDL), 2 with it, 3 with `claim_token` too.
  */
 export async function outboxSchemaVersion(db: SqlDatabase): Promise<number> {
   const table = db.tables.outbox;
@@ -151,7 +151,8 @@ export async function outboxSchemaVersion(db: SqlDatabase): Promise<number> {
     )
     : await db.executor.query("SELECT name FROM pragma_table_info(?1)", [table]);
   if (rows.length === 0) return 0;
-  return rows.some((row) => String(row.name).toLowerCase() === "seq") ? 2 : 1;
+  const has = (column: string) => rows.some((row) => String(row.name).toLowerCase() === column);
+  return has("claim_token") ? 3 : has("seq") ? 2 : 1;
 }
 
 /**
@@ -186,9 +187,9 @@ export async function openStore(settings: StoreSettings): Promise<OpenedStore> {
         }`,
       );
     }
-    if (version === 1) {
+    if (version < 3) {
       throw new CliError(
-        `outbox table "${db.tables.outbox}" in ${where} has schema version 1; upgrade it with ${
+        `outbox table "${db.tables.outbox}" in ${where} has schema version ${version}; upgrade it with ${
           migrateHint(settings)
         }`,
       );

@@ -6,6 +6,7 @@
  */
 
 import { assertOutboxIdentity } from "../../core/identity.ts";
+import { fenceVerdict, newClaimToken } from "../../core/fence.ts";
 import { addMs } from "../../core/time.ts";
 import type {
   JsonValue,
@@ -137,6 +138,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       const max = checkedLimit(limit);
       const nowIso = checkedDate(now, "now");
       const leaseUntil = addMs(now, checkedLeaseMs(options.leaseMs)).toISOString();
+      const claimToken = newClaimToken();
       const claimed: OutboxMessage[] = [];
       for (const entry of this.#active.values()) {
         if (claimed.length >= max) break;
@@ -146,6 +148,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
         message.attempts += 1;
         message.updatedAt = nowIso;
         message.nextAttemptAt = leaseUntil;
+        message.claimToken = claimToken;
         claimed.push(copy(message));
       }
       return Promise.resolve(claimed);
@@ -176,9 +179,20 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
     return Promise.resolve(this.#mark({ claim, state: "dead", error: dead.error }, dead.now));
   }
 
-  /** Settles many claims; one boolean per mark. */
+  /**
+   * Settles many claims, in input order; one boolean per mark. Every mark is checked before
+   * any is applied, so an invalid one (a bad `nextAttemptAt`) throws with nothing applied.
+   */
   markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
-    return Promise.resolve(marks.map((mark) => this.#mark(mark, now)));
+    try {
+      checkedDate(now, "now");
+      for (const mark of marks) {
+        if (mark?.state === "failed") checkedDate(mark.nextAttemptAt, "nextAttemptAt");
+      }
+      return Promise.resolve(marks.map((mark) => this.#mark(mark, now)));
+    } catch (error) {
+      return Promise.reject(error);
+    }
   }
 
   /** Deletes old dispatched (and dead) messages in batches of `batchSize`. */
@@ -315,16 +329,10 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   #mark(mark: OutboxMark, now: Date): boolean {
-    const entry = this.#active.get(mark.claim.id);
-    const message = entry?.message;
-    if (
-      !entry || !message || message.state !== "claimed" ||
-      message.attempts !== mark.claim.attempts ||
-      (mark.claim.nextAttemptAt !== undefined &&
-        mark.claim.nextAttemptAt !== message.nextAttemptAt)
-    ) {
-      return false;
-    }
+    const entry = this.#all.get(mark.claim?.id);
+    const verdict = fenceVerdict(entry?.message, mark.claim, mark.state);
+    if (verdict !== "apply") return verdict === "applied";
+    const message = entry!.message;
     const nowIso = checkedDate(now, "now");
     const nextAttemptAt = mark.state === "failed"
       ? checkedDate(mark.nextAttemptAt, "nextAttemptAt")
@@ -336,7 +344,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
         delete message.nextAttemptAt;
         delete message.lastError;
         if (mark.outcome !== undefined) message.outcome = cloneJson(mark.outcome);
-        this.#move(entry, this.#dispatched);
+        this.#move(entry!, this.#dispatched);
         break;
       case "failed":
         message.nextAttemptAt = nextAttemptAt;
@@ -345,7 +353,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       case "dead":
         delete message.nextAttemptAt;
         message.lastError = mark.error;
-        this.#move(entry, this.#dead);
+        this.#move(entry!, this.#dead);
         break;
     }
     return true;
