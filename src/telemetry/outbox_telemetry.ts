@@ -294,6 +294,7 @@ export class OutboxTelemetry {
         );
     }
     if (runtime.probe) instrumented.probe = runtime.probe.bind(runtime);
+    if (runtime.probeScope) instrumented.probeScope = runtime.probeScope.bind(runtime);
     return instrumented;
   }
 
