@@ -32,11 +32,11 @@ export interface RetryPolicy {
    * or full, its subject's stream not answering, or a half-open trial that failed while the
    * broker answered probes): once the message's `attempts` reached this, such a failure moves
    * it to `dead` with the reason. Broker-wide outages (connection down, JetStream disabled or
-   * unreachable) never make a message dead. While a stream is parked its messages are claimed
-   * about once per probe delay (up to `probeMaxIntervalMs`, 10 s by default), so the default
-   * allows roughly an hour of one stream's outage.
+   * unreachable) never make a message dead. While a stream is paused its messages are claimed
+   * (and not attempted) once or twice per scope probe, which runs at most every 2 s plus its own
+   * duration, so the default allows at least about half an hour of one stream's outage.
    *
-   * @default {360}
+   * @default {1000}
    */
   maxUnavailableAttempts?: number;
   /** Source of randomness in `[0, 1)`; inject for deterministic tests. @default {Math.random} */
@@ -67,7 +67,7 @@ export const defaultRetryPolicy: ResolvedRetryPolicy = Object.freeze({
   baseMs: 1_000,
   capMs: 300_000,
   maxAttempts: 10,
-  maxUnavailableAttempts: 360,
+  maxUnavailableAttempts: 1000,
   random: Math.random,
 });
 

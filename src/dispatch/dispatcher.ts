@@ -23,6 +23,7 @@ import {
   type UnavailableDecision,
 } from "./dispatch_outbox.ts";
 import {
+  maxScopeProbeIntervalMs,
   type PausedScope,
   type PausedScopeInfo,
   pausedScopeInfo,
@@ -630,16 +631,29 @@ export class OutboxDispatcher implements AsyncDisposable {
     return paused ? { error: paused.error, until: this.#holdUntil(paused) } : undefined;
   }
 
-  /** A held message is due just after its scope's next probe (so a release finds it due). */
+  /**
+   * A held message is due just after its scope's next probe (so a release finds it due); while
+   * a probe runs (a stream without leader makes it last the API timeout), one probe delay from
+   * now, so the messages are not claimed over and over meanwhile.
+   */
   #holdUntil(paused: PausedScope): Date {
     const margin = Math.min(1_000, Math.max(50, this.#probeIntervalMs));
-    const wait = Math.max(0, paused.nextProbeAt - Date.now()) + margin;
-    return new Date(this.#clock().getTime() + wait);
+    const now = Date.now();
+    // Due just after the next probe starts: a stream that answers again is released before the
+    // margin has passed. Claimed while a probe runs: due when it is expected to have ended (it
+    // takes about as long as the last one), or one probe delay from now.
+    let wait = paused.nextProbeAt - now;
+    if (paused.probing) {
+      wait = paused.probeStartedAt + paused.lastProbeMs - now;
+      if (wait <= 0) wait = this.#scopeProbeDelay(paused);
+    }
+    return new Date(this.#clock().getTime() + Math.max(0, wait) + margin);
   }
 
   #scopeProbeDelay(paused: PausedScope): number {
     return Math.min(
       this.#probeMaxIntervalMs,
+      maxScopeProbeIntervalMs,
       this.#probeIntervalMs * 2 ** Math.min(paused.probes, 30),
     );
   }
@@ -656,9 +670,9 @@ export class OutboxDispatcher implements AsyncDisposable {
   }
 
   #probeScope(paused: PausedScope): void {
-    // Messages claimed while the probe runs wait for the one after it.
-    paused.nextProbeAt = Date.now() + this.#scopeProbeDelay(paused);
     const probe = this.#runtime.probeScope?.bind(this.#runtime);
+    paused.probing = true;
+    paused.probeStartedAt = Date.now();
     const run = (async () => {
       let ok = true;
       if (probe) {
@@ -668,6 +682,8 @@ export class OutboxDispatcher implements AsyncDisposable {
           ok = false;
         }
       }
+      paused.probing = false;
+      paused.lastProbeMs = Date.now() - paused.probeStartedAt;
       if (this.#stopped || !this.#scopes.has(paused)) return;
       if (!ok) {
         this.#scheduleScopeProbe(paused);

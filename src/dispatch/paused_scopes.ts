@@ -58,8 +58,21 @@ export interface PausedScope {
   probes: number;
   /** When (Date.now() time) its waiting messages are next worth claiming. */
   nextProbeAt: number;
+  /** A probe is running (it may take the API timeout when the stream has no leader). */
+  probing: boolean;
+  /** When the running (or last) probe started (Date.now() time). */
+  probeStartedAt: number;
+  /** How long the last probe took: the next one is expected to take as long. */
+  lastProbeMs: number;
   timer: ReturnType<typeof setTimeout> | undefined;
 }
+
+/**
+ * Longest delay between two probes of one paused scope (or `probeMaxIntervalMs` when smaller):
+ * a stream is delivered within about this (plus one probe) of answering again. A scope probe is
+ * one small request per paused stream.
+ */
+export const maxScopeProbeIntervalMs = 2_000;
 
 /** How long a released scope's probe count is remembered, so a flapping scope keeps backing off. */
 const rememberMs = 60_000;
@@ -100,6 +113,9 @@ export class PausedScopes {
         subjects: new Set(),
         probes: previous && now - previous.at < rememberMs ? previous.probes : 0,
         nextProbeAt: now,
+        probing: false,
+        probeStartedAt: now,
+        lastProbeMs: 0,
         timer: undefined,
       };
       this.#byKey.set(key, paused);
