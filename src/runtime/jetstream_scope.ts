@@ -12,10 +12,26 @@ import { OutboxPublishError } from "../core/errors.ts";
 import type { OutboxFailureScope } from "../core/types.ts";
 import { causeChain } from "./jetstream_errors.ts";
 
-/** What stream info tells a probe. Internal. */
+/**
+ * What a stream probe reads from stream info (a nats.js `StreamInfo` fits): the cluster leader
+ * and, for `discard: new` streams, whether there is room.
+ *
+ * @example
+ * ```ts
+ * import type { StreamInfoLike } from "@outbox/nats";
+ * const info: StreamInfoLike = {
+ *   config: { discard: "new", max_msgs: 100 },
+ *   state: { messages: 100 },
+ *   cluster: { leader: "n1" },
+ * };
+ * ```
+ */
 export interface StreamInfoLike {
+  /** Limits: `discard` policy, `max_msgs`, `max_bytes` (`-1` or `0`: unlimited). */
   config?: { discard?: string; max_msgs?: number; max_bytes?: number };
+  /** Stored messages and bytes. */
   state?: { messages?: number; bytes?: number };
+  /** Present in a cluster; without `leader` the stream takes no writes. */
   cluster?: { leader?: string };
 }
 
