@@ -7,6 +7,7 @@
 
 import assert from "node:assert/strict";
 import {
+  createJetStreamRuntime,
   MemoryOutboxRepository,
   OutboxDispatcher,
   type OutboxFailureScope,
@@ -211,5 +212,68 @@ Deno.test("scopes: a connection-scoped failure opens the broker-wide breaker and
     assert.equal((await outbox.stats()).dead, 0, "a broker-wide outage never makes a message dead");
   } finally {
     await dispatcher.stop();
+  }
+});
+
+Deno.test("scopes: the JetStream runtime asks account info once for a burst of new subjects while the API does not answer; a known stream is named", async () => {
+  let accountCalls = 0;
+  const noResponders = () => {
+    const cause = new Error("no responders: 'x'");
+    cause.name = "NoResponders";
+    const error = new Error("jetstream is not enabled", { cause });
+    error.name = "JetStreamNotEnabled";
+    return error;
+  };
+  let down = false;
+  const runtime = createJetStreamRuntime({
+    publish(subject) {
+      return down
+        ? Promise.reject(noResponders())
+        : Promise.resolve({ stream: "ORDERS", seq: 1, duplicate: false, subject });
+    },
+    jetstreamManager: () =>
+      Promise.resolve({
+        getAccountInfo() {
+          accountCalls += 1;
+          // The API does not answer (no meta leader): a timeout after a while.
+          return new Promise((_, reject) =>
+            setTimeout(() => {
+              const error = new Error("timeout");
+              error.name = "TimeoutError";
+              reject(error);
+            }, 50)
+          );
+        },
+      }),
+  });
+  const event = (subject: string): PreparedEvent => ({
+    event: "e",
+    subject,
+    header: { id: `id-${subject}`, time: new Date().toISOString() },
+    payload: {},
+    encodedPayload: "{}",
+    headers: {},
+  });
+  await runtime.publishPreparedEvent(event("orders.known"));
+  down = true;
+  const errors = await Promise.all(
+    ["orders.known", ...Array.from({ length: 50 }, (_, i) => `orders.${i}.created`)].map(
+      (subject) =>
+        runtime.publishPreparedEvent(event(subject)).then(
+          () => assert.fail("published"),
+          (error: OutboxPublishError) => error,
+        ),
+    ),
+  );
+  assert.equal(accountCalls, 1, "one account-info request for the whole burst");
+  assert.deepEqual(
+    errors[0].scope,
+    { kind: "stream", stream: "ORDERS" },
+    "learned from its PubAck",
+  );
+  for (const error of errors.slice(1)) {
+    assert.equal(error.kind, "unavailable");
+    assert.equal(error.code, "stream_unavailable");
+    assert.equal(error.scope?.kind, "subject");
   }
 });

@@ -69,6 +69,11 @@ export class JetStreamScopes {
   readonly #manager: () => Promise<JetStreamManagerLike>;
   readonly #streamOf = new Map<string, string>();
   readonly #diagnoses = new Map<string, { at: number; result: Promise<OutboxPublishError> }>();
+  /**
+   * The latest account-info answer, shared by every subject's diagnosis for `diagnosisTtlMs`:
+   * when the API does not answer, many new subjects failing at once wait for ONE timeout.
+   */
+  #account: { at: number; result: Promise<AccountAnswer> } | undefined;
 
   constructor(manager: () => Promise<JetStreamManagerLike>) {
     this.#manager = manager;
@@ -150,13 +155,27 @@ export class JetStreamScopes {
     return true;
   }
 
+  #accountAnswer(): Promise<AccountAnswer> {
+    const now = Date.now();
+    if (this.#account && now - this.#account.at < diagnosisTtlMs) return this.#account.result;
+    const result = (async (): Promise<AccountAnswer> => {
+      try {
+        const manager = await this.#manager();
+        await manager.getAccountInfo();
+        return { manager };
+      } catch (error) {
+        return { error };
+      }
+    })();
+    this.#account = { at: now, result };
+    return result;
+  }
+
   async #noAnswer(subject: string, error: OutboxPublishError): Promise<OutboxPublishError> {
-    let manager: JetStreamManagerLike;
-    try {
-      manager = await this.#manager();
-      await manager.getAccountInfo();
-    } catch (apiError) {
-      if (isNoResponders(apiError)) {
+    const account = await this.#accountAnswer();
+    const manager = account.manager;
+    if (!manager) {
+      if (isNoResponders(account.error)) {
         return new OutboxPublishError(
           "unavailable",
           "JetStream is not enabled on the server (or not for this account): nothing answers $JS.API.INFO",
@@ -232,6 +251,12 @@ export class JetStreamScopes {
     );
   }
 }
+
+/** What account info answered: a manager that works, or the error. */
+type AccountAnswer = { manager: JetStreamManagerLike; error?: undefined } | {
+  manager?: undefined;
+  error: unknown;
+};
 
 /** JetStream API error code: JetStream is not enabled for the account. */
 const notEnabledForAccount = 10039;
