@@ -6,8 +6,16 @@
  */
 
 import assert from "node:assert/strict";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { CliProcess, postgresStore, seedRecords } from "./helpers/cli.ts";
-import { eventually, NatsServer, natsUrl, uniqueName } from "./kit/mod.ts";
+import {
+  connectNats,
+  createTestStream,
+  eventually,
+  NatsServer,
+  natsUrl,
+  uniqueName,
+} from "./kit/mod.ts";
 
 async function get(
   port: number,
@@ -113,5 +121,70 @@ Deno.test("cli relay health: no stream for a subject is a clear per-subject erro
     assert.equal((await relay.done).code, 0);
   } finally {
     await relay.cleanup();
+  }
+});
+
+Deno.test("cli relay health: a full stream waits on its own: degraded (ready) with the paused stream listed, ready again once it has room", async () => {
+  await using store = await postgresStore();
+  const nc = await connectNats();
+  try {
+    const jsm = await jetstreamManager(nc);
+    await using full = await createTestStream(nc, { max_msgs: 1, discard: "new" as never });
+    await jetstream(nc).publish(`${full.prefix}.seed`, "{}");
+    const records = seedRecords(uniqueName("full"), 2).map((item) => ({
+      ...item,
+      subject: `${full.prefix}.e`,
+    }));
+    await store.outbox.enqueueMany(records);
+    const relay = new CliProcess([
+      "relay",
+      ...store.args,
+      "--nats",
+      await natsUrl(),
+      "--max-attempts",
+      "1",
+      "--poll",
+      "100ms",
+      "--health",
+      "0",
+      "--status-interval",
+      "0",
+    ]);
+    try {
+      const { port } = endpoint(await relay.waitForLine(/health endpoint on/));
+      await relay.waitForLine(
+        new RegExp(`^relay: stream '${full.name}' unavailable, its messages wait`),
+      );
+      const degraded = await eventually(async () => {
+        const answer = await get(port, "/readyz");
+        if (answer.body.status !== "degraded") throw new Error(`status ${answer.body.status}`);
+        return answer;
+      });
+      assert.equal(degraded.status, 200);
+      assert.equal(degraded.body.breaker, "closed");
+      const [paused] = degraded.body.pausedScopes as Array<Record<string, unknown>>;
+      assert.equal(paused.kind, "stream");
+      assert.equal(paused.stream, full.name);
+      assert.equal(paused.code, "api_10077");
+      const info = await jsm.streams.info(full.name);
+      await jsm.streams.update(full.name, { ...info.config, max_msgs: 100 });
+      await relay.waitForLine(new RegExp(`^relay: stream '${full.name}' available again`));
+      await eventually(async () => {
+        if ((await jsm.streams.info(full.name)).state.messages !== 3) throw new Error("not yet");
+      });
+      const ready = await eventually(async () => {
+        const answer = await get(port, "/readyz");
+        if (answer.body.status !== "ready") throw new Error(`status ${answer.body.status}`);
+        return answer;
+      });
+      assert.deepEqual(ready.body.pausedScopes, []);
+      assert.equal((await store.outbox.stats()).dead, 0, "nothing dead although --max-attempts 1");
+      relay.kill("SIGTERM");
+      assert.equal((await relay.done).code, 0);
+    } finally {
+      await relay.cleanup();
+    }
+  } finally {
+    await nc.close();
   }
 });
