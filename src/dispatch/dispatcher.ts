@@ -169,7 +169,7 @@ export interface OutboxDispatcherOptions extends OutboxDispatchHooks {
  * - Scoped pauses: an `unavailable` failure scoped to one stream or subject (`error.scope`, as
  *   `createJetStreamRuntime` reports a stream without leader or a full stream) pauses only that
  *   scope: its messages are not attempted and wait for `runtime.probeScope()` (with backoff up
- *   to `probeMaxIntervalMs`), the rest flows. Such a message goes `dead` once its `attempts`
+ *   to 2 s, or `probeMaxIntervalMs` when smaller), the rest flows. Such a message goes `dead` once its `attempts`
  *   reached `retry.maxUnavailableAttempts`.
  * - `whenIdle()` resolves once nothing is due; `stop()` resolves once in-flight work settled and
  *   no timer is left.
@@ -632,9 +632,9 @@ export class OutboxDispatcher implements AsyncDisposable {
   }
 
   /**
-   * A held message is due just after its scope's next probe (so a release finds it due); while
-   * a probe runs (a stream without leader makes it last the API timeout), one probe delay from
-   * now, so the messages are not claimed over and over meanwhile.
+   * When a held message is due again: just after its scope's next probe starts (so a release
+   * finds it due); while a probe runs (a stream without leader makes it last the API timeout),
+   * when that probe should have ended, so the messages are not claimed over and over meanwhile.
    */
   #holdUntil(paused: PausedScope): Date {
     const margin = Math.min(1_000, Math.max(50, this.#probeIntervalMs));
