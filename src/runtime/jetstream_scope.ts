@@ -59,6 +59,14 @@ export interface JetStreamManagerLike {
 
 /** How long one subject's diagnosis is reused (a burst of failures costs one lookup). */
 const diagnosisTtlMs = 1_000;
+/** How long an account-info request that failed (not "no responders") is believed. */
+const unreachableTtlMs = 5_000;
+/**
+ * Longest wait for a diagnosis before the failure is reported as `stream_unavailable` for the
+ * subject (the lookup goes on and serves the next failures): a JetStream API that does not
+ * answer must not hold every batch with a stuck message for the API timeout.
+ */
+const maxDiagnosisWaitMs = 1_000;
 /** Subjects whose stream is remembered from PubAcks, at most. */
 const maxKnownSubjects = 10_000;
 /** JetStream API error code: no stream matches the subject. */
@@ -70,10 +78,11 @@ export class JetStreamScopes {
   readonly #streamOf = new Map<string, string>();
   readonly #diagnoses = new Map<string, { at: number; result: Promise<OutboxPublishError> }>();
   /**
-   * The latest account-info answer, shared by every subject's diagnosis for `diagnosisTtlMs`:
-   * when the API does not answer, many new subjects failing at once wait for ONE timeout.
+   * The latest account-info answer, shared by every subject's diagnosis while it runs and then
+   * for `diagnosisTtlMs` (`unreachableTtlMs` when the API did not answer): many new subjects
+   * failing at once wait for ONE request.
    */
-  #account: { at: number; result: Promise<AccountAnswer> } | undefined;
+  #account: AccountCheck | undefined;
 
   constructor(manager: () => Promise<JetStreamManagerLike>) {
     this.#manager = manager;
@@ -97,9 +106,24 @@ export class JetStreamScopes {
     const cached = this.#diagnoses.get(key);
     if (cached && now - cached.at < diagnosisTtlMs) return cached.result;
     if (this.#diagnoses.size > 1_000) this.#diagnoses.clear();
-    const result = noAnswer ? this.#noAnswer(subject, error) : this.#streamBusy(subject, error);
+    const diagnosis = noAnswer ? this.#noAnswer(subject, error) : this.#streamBusy(subject, error);
+    const result = this.#within(diagnosis, () => this.#stuck(subject, undefined, error));
     this.#diagnoses.set(key, { at: now, result });
     return result;
+  }
+
+  /** `diagnosis`, or `fallback()` if it takes longer than `maxDiagnosisWaitMs`. */
+  #within(
+    diagnosis: Promise<OutboxPublishError>,
+    fallback: () => OutboxPublishError,
+  ): Promise<OutboxPublishError> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => resolve(fallback()), maxDiagnosisWaitMs);
+      void diagnosis.then((refined) => {
+        clearTimeout(timer);
+        resolve(refined);
+      });
+    });
   }
 
   /** Whether `scope` would take writes again. Never publishes, never rejects. */
@@ -156,19 +180,31 @@ export class JetStreamScopes {
   }
 
   #accountAnswer(): Promise<AccountAnswer> {
-    const now = Date.now();
-    if (this.#account && now - this.#account.at < diagnosisTtlMs) return this.#account.result;
-    const result = (async (): Promise<AccountAnswer> => {
+    const cached = this.#account;
+    if (cached) {
+      if (!cached.answer) return cached.result; // still asking
+      const ttl = cached.answer.manager ? diagnosisTtlMs : unreachableTtlMs;
+      if (Date.now() - cached.settledAt < ttl) return cached.result;
+    }
+    const entry: AccountCheck = {
+      result: Promise.resolve({ error: undefined }),
+      settledAt: 0,
+    };
+    entry.result = (async (): Promise<AccountAnswer> => {
+      let answer: AccountAnswer;
       try {
         const manager = await this.#manager();
         await manager.getAccountInfo();
-        return { manager };
+        answer = { manager };
       } catch (error) {
-        return { error };
+        answer = { error };
       }
+      entry.answer = answer;
+      entry.settledAt = Date.now();
+      return answer;
     })();
-    this.#account = { at: now, result };
-    return result;
+    this.#account = entry;
+    return entry.result;
   }
 
   async #noAnswer(subject: string, error: OutboxPublishError): Promise<OutboxPublishError> {
@@ -257,6 +293,13 @@ type AccountAnswer = { manager: JetStreamManagerLike; error?: undefined } | {
   manager?: undefined;
   error: unknown;
 };
+
+/** One account-info request: its promise, and its answer once settled. */
+interface AccountCheck {
+  result: Promise<AccountAnswer>;
+  answer?: AccountAnswer;
+  settledAt: number;
+}
 
 /** JetStream API error code: JetStream is not enabled for the account. */
 const notEnabledForAccount = 10039;
