@@ -45,6 +45,7 @@ export type {
   OutboxDeliveryOptions,
   OutboxEnqueueOptions,
   OutboxFailure,
+  OutboxFailureScope,
   OutboxListDeadOptions,
   OutboxMark,
   OutboxMessage,
@@ -68,13 +69,16 @@ export {
   OutboxDuplicateIdentityError,
   type OutboxFailureKind,
   OutboxPublishError,
+  OutboxSchemaError,
   OutboxStorageConflictError,
   OutboxValidationError,
 } from "./src/core/errors.ts";
 export {
+  defaultMaxPayloadBytes,
   maxOrderingKeyLength,
   maxOutboxIdBytes,
   maxSubjectBytes,
+  OutboxPayloadTooLargeError,
   outboxRecordKinds,
   validateOrderingKey,
   validateOutboxRecord,
@@ -108,7 +112,10 @@ export {
   newClaimToken,
 } from "./src/core/fence.ts";
 export { defaultInboxConsumer, resolveInboxRecordOptions } from "./src/core/inbox.ts";
-export { MemoryOutboxRepository } from "./src/stores/memory/outbox.ts";
+export {
+  MemoryOutboxRepository,
+  type MemoryOutboxRepositoryOptions,
+} from "./src/stores/memory/outbox.ts";
 export { MemoryInboxRepository } from "./src/stores/memory/inbox.ts";
 export { processOnce, type ProcessOnceResult } from "./src/inbox/process_once.ts";
 export {
@@ -148,6 +155,7 @@ export {
   type ResumedInfo,
 } from "./src/dispatch/dispatcher.ts";
 export type { CircuitState } from "./src/dispatch/circuit_breaker.ts";
+export type { PausedScopeInfo, ScopeResumedInfo } from "./src/dispatch/paused_scopes.ts";
 export {
   createJetStreamRuntime,
   defaultPublishTimeoutMs,
@@ -156,6 +164,7 @@ export {
   type JetStreamRuntimeOptions,
 } from "./src/runtime/jetstream.ts";
 export { classifyJetStreamError } from "./src/runtime/jetstream_errors.ts";
+export type { JetStreamManagerLike, StreamInfoLike } from "./src/runtime/jetstream_scope.ts";
 export {
   defaultPubAckWindow,
   type PubAck,
@@ -200,6 +209,11 @@ export {
   type SqlOutboxMigrationOptions,
 } from "./src/stores/sql/migrations.ts";
 export { SqlOutboxRepository, type SqlOutboxRepositoryOptions } from "./src/stores/sql/outbox.ts";
+export {
+  checkPostgresServer,
+  type CheckPostgresServerOptions,
+  PostgresServerError,
+} from "./src/stores/sql/postgres_probe.ts";
 export { SqlInboxRepository } from "./src/stores/sql/inbox.ts";
 export { createSqlOutboxAdapter, type SqlOutboxAdapter } from "./src/stores/sql/adapter.ts";
 export {

@@ -307,7 +307,7 @@ Deno.test("dispatcher: whenIdle() resolves once nothing is due; permanent failur
     try {
       for (let round = 0; round < 3; round++) {
         const records = events(stream.prefix, 10);
-        records[3] = { ...records[3], payload: "not json" };
+        outbox.corruptPayloads.add(records[3].id);
         await outbox.enqueueMany(records);
         await dispatcher.whenIdle();
         const states = await Promise.all(records.map((r) => outbox.get(r.id)));

@@ -5,6 +5,8 @@
  * @module
  */
 
+import type { OutboxFailureScope } from "./types.ts";
+
 /**
  * A record, option or name was rejected before anything was stored.
  *
@@ -139,16 +141,23 @@ export class OutboxPublishError extends Error {
   readonly kind: OutboxFailureKind;
   /** A short stable code (`no_stream`, `timeout`, `max_payload`, ...), safe for metrics. */
   readonly code: string;
+  /**
+   * What the failure affects: the connection, JetStream as a whole, one stream or one subject.
+   * An `unavailable` failure without a scope pauses the whole dispatcher; one scoped to a stream
+   * or a subject pauses only that scope.
+   */
+  readonly scope?: OutboxFailureScope;
   /** Creates the error; `options.code` defaults to the kind. */
   constructor(
     kind: OutboxFailureKind,
     message: string,
-    options: ErrorOptions & { code?: string } = {},
+    options: ErrorOptions & { code?: string; scope?: OutboxFailureScope } = {},
   ) {
     super(message, options);
     this.name = "OutboxPublishError";
     this.kind = kind;
     this.code = options.code ?? kind;
+    if (options.scope) this.scope = options.scope;
   }
 }
 
@@ -170,5 +179,56 @@ export function errorMessage(error: unknown): string {
     return typeof error === "string" ? error : JSON.stringify(error) ?? String(error);
   } catch {
     return String(error);
+  }
+}
+
+/**
+ * The database's outbox or inbox table is missing or older than this library needs (an
+ * unmigrated database, or one a previous version created). Thrown by the SQL stores in place of
+ * the driver's "no such table" / "no such column" error; run `migrate()` (or
+ * `outbox-nats migrate`) to fix it.
+ *
+ * @example
+ * ```ts
+ * import { OutboxSchemaError } from "@outbox/nats";
+ * const error = new OutboxSchemaError("trellis_outbox", 1, 2);
+ * console.log(error.table, error.foundVersion, error.requiredVersion);
+ * console.log(error.message); // "... is at schema version 1; this library needs version 2 ..."
+ * ```
+ */
+export class OutboxSchemaError extends Error {
+  /** The table the failed statement used. */
+  readonly table: string;
+  /**
+   * The schema version found: 0 when the table does not exist, `undefined` when it could not be
+   * read (for example inside a Postgres transaction the failed statement aborted).
+   */
+  readonly foundVersion: number | undefined;
+  /** The schema version this library needs. */
+  readonly requiredVersion: number;
+  /** Creates the error; `options.detail` (the driver's message) is appended in parentheses. */
+  constructor(
+    table: string,
+    foundVersion: number | undefined,
+    requiredVersion: number,
+    options: ErrorOptions & { detail?: string } = {},
+  ) {
+    const found = foundVersion === 0
+      ? `Table ${table} does not exist (schema version 0)`
+      : foundVersion === undefined
+      ? `Table ${table} has an older schema than this library's (version not readable)`
+      : foundVersion < requiredVersion
+      ? `Table ${table} is at schema version ${foundVersion}`
+      : `Table ${table} records schema version ${foundVersion} but lacks what that version has (changed outside migrate()?)`;
+    const detail = options.detail === undefined ? "" : ` (${options.detail})`;
+    super(
+      `${found}; this library needs version ${requiredVersion}. Run migrate() or ` +
+        `\`outbox-nats migrate\` (with the same table names) first${detail}`,
+      options,
+    );
+    this.name = "OutboxSchemaError";
+    this.table = table;
+    this.foundVersion = foundVersion;
+    this.requiredVersion = requiredVersion;
   }
 }

@@ -175,6 +175,8 @@ export const conformanceCases: readonly ConformanceCase[] = [
         ["kind", { ...base, kind: "event.unknown" }],
         ["payload", { ...base, payload: { a: 1 } }],
         ["payload", { ...base, payload: "nul\u0000byte" }],
+        ["payload", { ...base, payload: "{not json" }],
+        ["payload", { ...base, payload: "" }],
         ["subject", { ...base, subject: "" }],
         ["subject", { ...base, subject: "orders created" }],
         ["subject", { ...base, subject: "orders..created" }],
@@ -208,6 +210,24 @@ export const conformanceCases: readonly ConformanceCase[] = [
         "a bad record stores nothing of its batch",
       );
       assert.deepEqual(await outbox.claimDue(10, new Date()), []);
+    },
+  },
+  {
+    name: "a record NATS would refuse (over 1 MiB) is refused at enqueue; nothing is stored",
+    async run({ outbox }) {
+      const big = record({ payload: JSON.stringify({ blob: "x".repeat(2 * 1024 * 1024) }) });
+      const refused = (error: Error & { field?: string }) => {
+        assert.ok(error.name.startsWith("Outbox"), error.name);
+        assert.equal(error.field, "payload", error.message);
+        return true;
+      };
+      await assert.rejects(outbox.enqueue(big), refused);
+      await assert.rejects(outbox.enqueueMany([record(), big]), refused);
+      assert.equal(await outbox.get(big.id), undefined);
+      assert.deepEqual(await outbox.claimDue(10, new Date()), []);
+      // A job's payload is the handler's business: it need not be JSON.
+      const job = await outbox.enqueue(record({ kind: "job.create", payload: "plain text" }));
+      assert.equal(job.payload, "plain text");
     },
   },
   {

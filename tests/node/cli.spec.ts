@@ -1,6 +1,6 @@
 /**
  * The INSTALLED package's `outbox-nats` executable on Node: --help, migrate and status against
- * Postgres and SQLite (better-sqlite3, as Node 20 has no node:sqlite), and errors as one line
+ * Postgres and SQLite (node:sqlite), and errors as one line
  * with exit codes 1 and 2.
  */
 
@@ -83,7 +83,7 @@ test("node cli: migrate and status against Postgres", async () => {
   }
 });
 
-test("node cli: SQLite through better-sqlite3 when node:sqlite is missing", async () => {
+test("node cli: SQLite (node:sqlite on Node >= 22)", async () => {
   const dir = mkdtempSync(join(tmpdir(), "outbox-cli-node-"));
   try {
     const store = `sqlite:${join(dir, "app.db")}`;

@@ -28,7 +28,12 @@ import type {
   OutboxStats,
   OutboxUnblockKeyOptions,
 } from "../../core/types.ts";
-import { validateOrderingKey, validateOutboxRecord } from "../../core/validate.ts";
+import {
+  checkedMaxPayloadBytes,
+  checkRecordSize,
+  validateOrderingKey,
+  validateOutboxRecord,
+} from "../../core/validate.ts";
 import {
   checkedBatchSize,
   checkedDate,
@@ -40,6 +45,26 @@ import {
 interface Entry {
   seq: number;
   message: OutboxMessage;
+}
+
+/**
+ * Options for {@linkcode MemoryOutboxRepository}.
+ *
+ * @example
+ * ```ts
+ * import type { MemoryOutboxRepositoryOptions } from "@outbox/nats";
+ * const options: MemoryOutboxRepositoryOptions = { maxPayloadBytes: 8 * 1024 * 1024 };
+ * ```
+ */
+export interface MemoryOutboxRepositoryOptions {
+  /**
+   * Largest record accepted at enqueue: payload plus headers, in bytes. A larger one is refused
+   * with `OutboxPayloadTooLargeError` (NATS would refuse to publish it). Raise it only when your
+   * server's `max_payload` is larger than NATS's default 1 MiB.
+   *
+   * @default {983040 (1 MiB less 64 KiB for the headers the dispatcher adds)}
+   */
+  maxPayloadBytes?: number;
 }
 
 /**
@@ -72,11 +97,18 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
    */
   #keys = new Map<string, Entry[]>();
   #seq = 0;
+  readonly #maxPayloadBytes: number;
+
+  /** Creates an empty outbox; throws `OutboxValidationError` for a bad option. */
+  constructor(options: MemoryOutboxRepositoryOptions = {}) {
+    this.#maxPayloadBytes = checkedMaxPayloadBytes(options.maxPayloadBytes);
+  }
 
   /** Stores a record as `pending`; see {@linkcode OutboxRepository.enqueue}. */
   enqueue(record: OutboxRecord, options: OutboxEnqueueOptions = {}): Promise<OutboxMessage> {
     try {
       const valid = validateOutboxRecord(record);
+      checkRecordSize(valid, this.#maxPayloadBytes);
       return Promise.resolve(this.#enqueue(valid, new Date(), options.contextHeaders));
     } catch (error) {
       return Promise.reject(error);
@@ -88,8 +120,11 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
     records: readonly OutboxRecord[],
     options: OutboxEnqueueOptions = {},
   ): Promise<OutboxMessage[]> {
+    // contextHeaders may be a one-shot iterator, and it is read once per comparison.
+    options = { ...options, contextHeaders: options.contextHeaders && [...options.contextHeaders] };
     try {
       const valid = records.map(validateOutboxRecord);
+      for (const record of valid) checkRecordSize(record, this.#maxPayloadBytes);
       // Check identities first so a conflict stores nothing.
       const seen = new Map<string, OutboxRecord>();
       for (const record of valid) {

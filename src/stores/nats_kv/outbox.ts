@@ -222,6 +222,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     records: readonly OutboxRecord[],
     options: OutboxEnqueueOptions = {},
   ): Promise<OutboxMessage[]> {
+    // contextHeaders may be a one-shot iterator, and it is read once per comparison.
+    options = { ...options, contextHeaders: options.contextHeaders && [...options.contextHeaders] };
     const valid = records.map((record) => refuseOrderingKey(validateOutboxRecord(record)));
     if (valid.length === 0) return [];
     const first = new Map<string, OutboxRecord>();

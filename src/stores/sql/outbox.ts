@@ -40,11 +40,17 @@ import type {
   OutboxStats,
   OutboxUnblockKeyOptions,
 } from "../../core/types.ts";
-import { validateOrderingKey, validateOutboxRecord } from "../../core/validate.ts";
+import {
+  checkedMaxPayloadBytes,
+  checkRecordSize,
+  validateOrderingKey,
+  validateOutboxRecord,
+} from "../../core/validate.ts";
 import { decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
 import { type OutboxStatements, outboxStatements } from "./dialects.ts";
 import type { SqlExecutor, SqlRow } from "./executors.ts";
 import { outboxColumnsV3 } from "./schema.ts";
+import { withSchemaErrors } from "./schema_errors.ts";
 import {
   checkDialect,
   type ResolvedSqlOutboxTables,
@@ -73,6 +79,15 @@ export interface SqlOutboxRepositoryOptions {
    * @default {false}
    */
   notify?: boolean | string;
+  /**
+   * Largest record accepted at enqueue: payload plus headers, in bytes. A larger one is refused
+   * with `OutboxPayloadTooLargeError` before any statement runs (NATS would refuse to publish
+   * it, so it could only go dead). Raise it only when your server's `max_payload` is larger than
+   * NATS's default 1 MiB.
+   *
+   * @default {983040 (1 MiB less 64 KiB for the headers the dispatcher adds)}
+   */
+  maxPayloadBytes?: number;
 }
 
 /**
@@ -107,7 +122,10 @@ export interface SqlOutboxRepositoryOptions {
  * ```
  */
 export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
-  /** The executor statements run on. */
+  /**
+   * The executor statements run on: yours, with a missing table or column reported as
+   * `OutboxSchemaError`.
+   */
   readonly executor: SqlExecutor;
   /** The SQL dialect. */
   readonly dialect: SqlDialect;
@@ -115,6 +133,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   readonly tables: ResolvedSqlOutboxTables;
   readonly #sql: OutboxStatements;
   readonly #channel: string | undefined;
+  readonly #maxPayloadBytes: number;
 
   /**
    * Creates the repository. Throws `OutboxValidationError` for an unknown dialect, a table name
@@ -131,14 +150,16 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     if (typeof executor?.query !== "function") {
       throw new OutboxValidationError("executor", "SQL executor must have query(sql, params)");
     }
-    this.executor = executor;
+    this.executor = withSchemaErrors(executor, this.dialect, this.tables, this.tables.outbox);
     this.#channel = notifyChannel(options.notify, this.dialect, this.tables);
     this.#sql = outboxStatements(this.dialect, this.tables, this.#channel !== undefined);
+    this.#maxPayloadBytes = checkedMaxPayloadBytes(options.maxPayloadBytes);
   }
 
   /** Stores a record as `pending` (one statement); see {@linkcode OutboxRepository.enqueue}. */
   async enqueue(record: OutboxRecord, options: OutboxEnqueueOptions = {}): Promise<OutboxMessage> {
     const valid = validateOutboxRecord(record);
+    checkRecordSize(valid, this.#maxPayloadBytes);
     // A keyed insert does nothing when a concurrent transaction gave the key a head first (see
     // dialects.ts): inserted again, it sees that head and waits behind it.
     for (let attempt = 0; attempt < maxInsertRounds; attempt++) {
@@ -177,7 +198,10 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     records: readonly OutboxRecord[],
     options: OutboxEnqueueOptions = {},
   ): Promise<OutboxMessage[]> {
+    // contextHeaders may be a one-shot iterator, and it is read once per comparison.
+    options = { ...options, contextHeaders: options.contextHeaders && [...options.contextHeaders] };
     const valid = records.map(validateOutboxRecord);
+    for (const record of valid) checkRecordSize(record, this.#maxPayloadBytes);
     const firsts = new Map<string, OutboxRecord>();
     for (const record of valid) {
       const earlier = firsts.get(record.id);
