@@ -157,6 +157,11 @@ Deno.test("PubAckPipeline: a timeout fails as unavailable; the late PubAck is ig
 Deno.test("PubAckPipeline: close mid-flight fails every pending publish as connection_closed", async () => {
   await using server = await NatsServer.start();
   const nc = await connectNats(server.url);
+  // A status listener (as an application logging reconnects has) makes nats.js close the
+  // subscriptions before it reports the connection closed: still `connection_closed`.
+  const watching = (async () => {
+    for await (const _ of nc.status()) { /* logged by an application */ }
+  })();
   await (await jetstreamManager(nc)).streams.add({ name: "closing", subjects: ["closing.>"] });
   const pipeline = new PubAckPipeline(nc, { window: 2 });
   await frozen(server, nc);
@@ -173,6 +178,7 @@ Deno.test("PubAckPipeline: close mid-flight fails every pending publish as conne
     assert.deepEqual([error.kind, error.code], ["unavailable", "connection_closed"]);
   }
   assert.equal(pipeline.pending, 0);
+  await watching;
   server.resume();
 });
 

@@ -277,7 +277,7 @@ export class PubAckPipeline {
     this.#subscription = subscription;
     this.#replyPrefix = replyPrefix;
     subscription.closed.then(
-      () => this.#failSubscription(subscription),
+      (error) => this.#failSubscription(subscription, error instanceof Error ? error : undefined),
       (error) => this.#failSubscription(subscription, error),
     );
   }
@@ -382,6 +382,10 @@ export class PubAckPipeline {
   #connectionError(cause: unknown): Error {
     if (this.#connectionClosed || this.#nc.isClosed()) return new errors.ClosedConnectionError();
     if (this.#nc.isDraining()) return new errors.DrainingConnectionError();
+    // Ended without an error: only `nc.close()` does that (nobody else holds the subscription),
+    // and nats.js marks the connection closed only after its status listeners stopped, so with
+    // any `nc.status()` iterator around `isClosed()` is still false here.
+    if (cause === undefined) return new errors.ClosedConnectionError();
     return new errors.ConnectionError("the PubAck subscription closed", { cause });
   }
 }
