@@ -288,3 +288,41 @@ Deno.test("PubAckPipeline: the window holds back publishes until PubAcks free sl
     await nc.close();
   }
 });
+
+Deno.test("PubAckPipeline: a publish the account may not make fails at once, classified as with js.publish", async () => {
+  // nats-server answers a denied PUB with `-ERR 'Permissions Violation for Publish to "<subject>"'`
+  // and no reply: js.publish fails at once (nats.js matches the error to the request); the
+  // pipeline must too, not wait out its timeout as `unavailable` (which pauses the whole
+  // dispatcher for one subject's permissions).
+  await using server = await NatsServer.start({
+    config: [
+      `accounts { A { jetstream: enabled, users: [ { user: a, password: a, permissions: { publish: { allow: [">"], deny: ["denied.>"] } } } ] } }`,
+    ],
+  });
+  const nc = await connectNats(server.url, { user: "a", pass: "a" });
+  try {
+    await (await jetstreamManager(nc)).streams.add({
+      name: "perm",
+      subjects: ["denied.>", "ok.>"],
+    });
+    for (const publisher of modes) {
+      const runtime = createJetStreamRuntime(jetstream(nc), { publisher, timeoutMs: 10_000 });
+      const started = performance.now();
+      const denied = await Promise.all([
+        failure(runtime.publishPreparedEvent(event("denied.a"))),
+        failure(runtime.publishPreparedEvent(event("denied.b"))),
+      ]);
+      const waited = performance.now() - started;
+      for (const error of denied) {
+        assert.deepEqual([error.kind, error.code], ["retryable", "publish_failed"], publisher);
+        assert.match(error.message, /Permissions Violation/, publisher);
+      }
+      assert.ok(waited < 5_000, `${publisher}: failed after ${waited} ms, not at once`);
+      const ack = await runtime.publishPreparedEvent(event("ok.a"));
+      assert.equal(ack.stream, "perm", `${publisher}: other subjects still publish`);
+    }
+    assert.equal(pubAckPipelineFor(nc).pending, 0);
+  } finally {
+    await nc.close();
+  }
+});

@@ -101,6 +101,11 @@ export interface PubAckConnection {
   isDraining(): boolean;
   /** Resolves when the connection closes. */
   closed(): Promise<void | Error>;
+  /**
+   * The connection's status events (nats.js has it): a publish permissions violation comes only
+   * this way (`{ type: "error", error: PermissionViolationError }`), and fails its publish at once.
+   */
+  status?(): AsyncIterable<{ type: string; error?: unknown }>;
 }
 
 /**
@@ -197,6 +202,7 @@ export class PubAckPipeline {
       () => this.#closeAll(),
       () => this.#closeAll(),
     );
+    this.#watchStatus();
   }
 
   /** PubAcks awaited at once. */
@@ -291,6 +297,43 @@ export class PubAckPipeline {
     this.#pending.delete(token);
     settle(entry, msg);
     this.#pump();
+  }
+
+  /**
+   * nats-server answers a PUB the account may not make with `-ERR 'Permissions Violation for
+   * Publish to "<subject>"'` and no reply; nats.js reports it only as a status event. Without
+   * this the publish would wait out its timeout as `unavailable` (a broker-wide pause for one
+   * subject's permissions) where `js.publish` fails at once with the `PermissionViolationError`.
+   */
+  #watchStatus(): void {
+    const events = this.#nc.status?.();
+    if (events === undefined) return;
+    void (async () => {
+      for await (const event of events) {
+        if (event.type !== "error") continue;
+        const error = event.error as { name?: unknown; operation?: unknown; subject?: unknown };
+        if (
+          error?.name === "PermissionViolationError" && error.operation === "publish" &&
+          typeof error.subject === "string"
+        ) {
+          this.#denied(error.subject, error);
+        }
+      }
+    })().catch(() => {});
+  }
+
+  /**
+   * Fails the oldest pending publish to `subject` with `error`: the server refuses PUBs in the
+   * order they were sent (as nats.js matches such an error to the first request to that subject).
+   */
+  #denied(subject: string, error: unknown): void {
+    for (const [token, entry] of this.#pending) {
+      if (entry.subject !== subject) continue;
+      this.#pending.delete(token);
+      entry.reject(error);
+      this.#pump();
+      return;
+    }
   }
 
   /** Sends queued publishes while the window has room. */
