@@ -5,6 +5,7 @@
  */
 
 import assert from "node:assert/strict";
+import process from "node:process";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { headers as natsHeaders } from "@nats-io/nats-core";
 import type { NatsConnection } from "@nats-io/transport-node";
@@ -325,4 +326,66 @@ Deno.test("PubAckPipeline: a publish the account may not make fails at once, cla
   } finally {
     await nc.close();
   }
+});
+
+Deno.test("PubAckPipeline: a NaN budget or a timeout beyond the timer range neither hangs nor spins", async () => {
+  await using server = await NatsServer.start();
+  const warnings: string[] = [];
+  const onWarning = (warning: Error) => warnings.push(warning.name);
+  process.on("warning", onWarning);
+  try {
+    for (const publisher of modes) {
+      const nc = await connectNats(server.url);
+      try {
+        await (await jetstreamManager(nc)).streams.add({ name: "range", subjects: ["range.>"] });
+        await frozen(server, nc);
+        // A NaN budget (a caller's arithmetic gone wrong) is ignored: the runtime's own timeout
+        // applies. Before, the publish never settled (a deadline of NaN is never reached).
+        const runtime = createJetStreamRuntime(jetstream(nc), { publisher, timeoutMs: 300 });
+        const started = performance.now();
+        let giveUp: ReturnType<typeof setTimeout> | undefined;
+        const nan = await Promise.race([
+          failure(runtime.publishPreparedEvent(event("range.a"), { timeoutMs: NaN })),
+          new Promise<undefined>((resolve) => giveUp = setTimeout(() => resolve(undefined), 3_000)),
+        ]).finally(() => clearTimeout(giveUp));
+        assert.ok(nan !== undefined, `${publisher}: a NaN budget never settled`);
+        assert.deepEqual([nan.kind, nan.code], ["unavailable", "timeout"], publisher);
+        assert.ok(performance.now() - started >= 250, publisher);
+
+        // 30 days: more than a timer holds (2^31-1 ms). Before, js.publish timed out at once and
+        // the pipeline re-armed a 1 ms sweep (a TimeoutOverflowWarning each) until the deadline.
+        const days = createJetStreamRuntime(jetstream(nc), {
+          publisher,
+          timeoutMs: 30 * 86_400_000,
+        });
+        let settled = false;
+        const pending = days.publishPreparedEvent(event("range.b"));
+        void pending.then(() => settled = true, () => settled = true);
+        await sleep(300);
+        assert.equal(settled, false, `${publisher}: a 30-day timeout ended within 300 ms`);
+        // The pipeline on its own, with no runtime to cap the timeout.
+        const direct = new PubAckPipeline(nc).publish(
+          "range.c",
+          "x",
+          msgId(uniqueName("id")),
+          30 * 86_400_000,
+        );
+        await sleep(50);
+        server.resume();
+        assert.equal((await pending).stream, "range", publisher);
+        assert.equal((await direct).stream, "range", publisher);
+      } finally {
+        server.resume();
+        if (!nc.isClosed()) await nc.close();
+      }
+      await (async () => {
+        const admin = await connectNats(server.url);
+        await (await jetstreamManager(admin)).streams.delete("range");
+        await admin.close();
+      })();
+    }
+  } finally {
+    process.off("warning", onWarning);
+  }
+  assert.deepEqual(warnings.filter((name) => name === "TimeoutOverflowWarning"), []);
 });

@@ -136,6 +136,9 @@ interface Entry {
   reject: (error: unknown) => void;
 }
 
+/** The longest delay `setTimeout` honours; a longer one fires after 1 ms (a busy sweep). */
+const maxTimerDelayMs = 2_147_483_647;
+
 /** A re-arm of the sweep timer is skipped for deadlines less than this much earlier. */
 const sweepSlackMs = 1;
 
@@ -223,7 +226,8 @@ export class PubAckPipeline {
 
   /**
    * Publishes `payload` to `subject` with `headers` and resolves with the PubAck, or rejects
-   * after `timeoutMs` (counted from this call, waiting for a window slot included).
+   * after `timeoutMs` (counted from this call, waiting for a window slot included); a NaN
+   * `timeoutMs` rejects at once with a `RangeError`.
    */
   publish(
     subject: string,
@@ -232,6 +236,11 @@ export class PubAckPipeline {
     timeoutMs: number,
   ): Promise<PubAck> {
     return new Promise<PubAck>((resolve, reject) => {
+      if (Number.isNaN(timeoutMs)) {
+        // A NaN deadline is never reached: the publish would never settle.
+        reject(new RangeError("timeoutMs must be a number, got NaN"));
+        return;
+      }
       const entry: Entry = {
         subject,
         payload,
@@ -357,7 +366,10 @@ export class PubAckPipeline {
     }
     if (this.#connectionClosed) return;
     this.#timerAt = deadline;
-    this.#timer = setTimeout(this.#sweep, Math.max(0, deadline - performance.now()));
+    this.#timer = setTimeout(
+      this.#sweep,
+      Math.min(maxTimerDelayMs, Math.max(0, deadline - performance.now())),
+    );
   }
 
   /** Fails every publish past its deadline and re-arms for the earliest one left. */
