@@ -389,3 +389,25 @@ Deno.test("PubAckPipeline: a NaN budget or a timeout beyond the timer range neit
   }
   assert.deepEqual(warnings.filter((name) => name === "TimeoutOverflowWarning"), []);
 });
+
+Deno.test("PubAckPipeline: a publish in flight when the connection closes is connection_closed with either publisher", async () => {
+  // nats.js fails the requests in flight at close with a bare `RequestError("connection closed")`
+  // (no typed cause): js.publish classified it `retryable` (`publish_failed`) while the pipeline
+  // said `unavailable` (`connection_closed`).
+  await using server = await NatsServer.start();
+  for (const publisher of modes) {
+    const nc = await connectNats(server.url);
+    await (await jetstreamManager(nc)).streams.add({ name: "shut", subjects: ["shut.>"] });
+    const runtime = createJetStreamRuntime(jetstream(nc), { publisher, timeoutMs: 30_000 });
+    await frozen(server, nc);
+    const inFlight = failure(runtime.publishPreparedEvent(event("shut.a")));
+    await sleep(50);
+    await nc.close();
+    const error = await inFlight;
+    assert.deepEqual([error.kind, error.code], ["unavailable", "connection_closed"], publisher);
+    server.resume();
+    const admin = await connectNats(server.url);
+    await (await jetstreamManager(admin)).streams.delete("shut");
+    await admin.close();
+  }
+});

@@ -21,7 +21,7 @@ const streamMessageExceedsMaximum = 10054;
  * | --- | --- | --- |
  * | `NoRespondersError` (no stream captures the subject) | `retryable` | `no_stream` |
  * | `TimeoutError` (no PubAck in time; also while disconnected) | `unavailable` | `timeout` |
- * | `ClosedConnectionError` | `unavailable` | `connection_closed` |
+ * | `ClosedConnectionError`; a `RequestError` "connection closed" (js.publish in flight at close) | `unavailable` | `connection_closed` |
  * | `DrainingConnectionError` | `unavailable` | `connection_draining` |
  * | `ConnectionError` | `unavailable` | `connection` |
  * | `JetStreamApiError` with status 503 | `unavailable` | `api_<err_code>` |
@@ -65,7 +65,12 @@ export function classifyJetStreamError(error: unknown): OutboxPublishError {
   if (named("TimeoutError")) {
     return make("unavailable", "timeout", "no PubAck in time");
   }
-  if (named("ClosedConnectionError")) {
+  // nats.js fails the requests in flight at close with a bare RequestError("connection closed")
+  // (its request multiplexer's close), no ClosedConnectionError in the chain.
+  if (
+    named("ClosedConnectionError") ||
+    chain.some((item) => item.name === "RequestError" && item.message === "connection closed")
+  ) {
     return make("unavailable", "connection_closed", "the NATS connection is closed");
   }
   if (named("DrainingConnectionError")) {
