@@ -119,9 +119,13 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     // (pending_idx, in seq order) and the earliest due retries and expired leases (retry_idx, in
     // due-time order), each locked as found; the claim takes the oldest of them by seq. Neither
     // scan reads rows that are not due, so a backlog of failed rows waiting for their retry
-    // time costs a claim nothing.
+    // time costs a claim nothing. A `claimed` or `failed` row without a due time (set to NULL
+    // by hand to retry now, or left by another writer) is due, as in version 2, in `stats()`
+    // and in the other stores: a third scan of retry_idx (`IS NULL`) finds those. Its `ORDER BY
+    // next_attempt_at DESC` orders nothing (all NULL) but makes the planner probe the index
+    // (backwards, NULLs first) instead of a sequential scan that column statistics can favour.
     claim:
-      `UPDATE ${o} AS t SET state = 'claimed', attempts = t.attempts + 1, updated_at = $1::timestamptz, next_attempt_at = $2::timestamptz, claim_token = $4 WHERE t.id = ANY(ARRAY(WITH p AS (SELECT id, seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT $3::int FOR UPDATE SKIP LOCKED), r AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= $1::timestamptz ORDER BY next_attempt_at LIMIT $3::int FOR UPDATE SKIP LOCKED) SELECT c.id FROM (SELECT id, seq FROM p UNION ALL SELECT id, seq FROM r) AS c ORDER BY c.seq LIMIT $3::int)) RETURNING ${columns}`,
+      `UPDATE ${o} AS t SET state = 'claimed', attempts = t.attempts + 1, updated_at = $1::timestamptz, next_attempt_at = $2::timestamptz, claim_token = $4 WHERE t.id = ANY(ARRAY(WITH p AS (SELECT id, seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT $3::int FOR UPDATE SKIP LOCKED), r AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= $1::timestamptz ORDER BY next_attempt_at LIMIT $3::int FOR UPDATE SKIP LOCKED), u AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL ORDER BY next_attempt_at DESC LIMIT $3::int FOR UPDATE SKIP LOCKED) SELECT c.id FROM (SELECT id, seq FROM p UNION ALL SELECT id, seq FROM r UNION ALL SELECT id, seq FROM u) AS c ORDER BY c.seq LIMIT $3::int)) RETURNING ${columns}`,
     deadCorrupt:
       `UPDATE ${o} SET state = 'dead', next_attempt_at = NULL, last_error = $3, updated_at = $4::timestamptz WHERE seq = $1::bigint AND state = 'claimed' AND claim_token = $2`,
     // With a token, the token and attempts are the fence (attempts guards against writers that
@@ -174,10 +178,11 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
     get: `SELECT ${columns} FROM ${o} WHERE id = ?1`,
     getMany: `SELECT ${columns} FROM ${o} WHERE id IN (SELECT value FROM json_each(?1))`,
     // As on Postgres: the oldest pending rows (pending_idx) and the earliest due retries and
-    // expired leases (retry_idx), the oldest of them by seq; the partial indexes' WHERE terms
-    // are repeated literally.
+    // expired leases (retry_idx), plus claimed/failed rows without a due time (due, as in
+    // version 2), the oldest of them by seq; the partial indexes' WHERE terms are repeated
+    // literally.
     claim:
-      `UPDATE ${o} SET state = 'claimed', attempts = attempts + 1, updated_at = ?1, next_attempt_at = ?2, claim_token = ?4 WHERE seq IN (SELECT seq FROM (SELECT seq FROM (SELECT seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?3)) ORDER BY seq LIMIT ?3) RETURNING ${columns}`,
+      `UPDATE ${o} SET state = 'claimed', attempts = attempts + 1, updated_at = ?1, next_attempt_at = ?2, claim_token = ?4 WHERE seq IN (SELECT seq FROM (SELECT seq FROM (SELECT seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL LIMIT ?3)) ORDER BY seq LIMIT ?3) RETURNING ${columns}`,
     deadCorrupt:
       `UPDATE ${o} SET state = 'dead', next_attempt_at = NULL, last_error = ?3, updated_at = ?4 WHERE seq = ?1 AND state = 'claimed' AND claim_token = ?2`,
     markMany:
