@@ -135,8 +135,11 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
       `UPDATE ${o} AS t SET state = m.state, updated_at = $2::timestamptz, next_attempt_at = m.next, last_error = CASE WHEN m.state = 'dispatched' THEN NULL ELSE m.error END, outcome = CASE WHEN m.outcome IS NULL THEN t.outcome ELSE m.outcome::jsonb END FROM json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, token text, state text, error text, next timestamptz, outcome text) WHERE t.id = m.id AND t.state || '' = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token AND t.attempts = m.attempts END) RETURNING t.id`,
     markApplied:
       `SELECT t.id FROM ${o} AS t JOIN json_to_recordset($1::text::json) AS m(id text, attempts integer, token text, state text) ON t.id = m.id WHERE t.claim_token = m.token AND t.attempts = m.attempts AND t.state = m.state`,
+    // A requeue ends every earlier claim: it clears the token, so a claimer that writes none (an
+    // older library version during a rolling upgrade) cannot recreate "claimed, attempts 1" with
+    // the token of the claim before the requeue and have that claim's late mark apply.
     requeue:
-      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = $2::timestamptz WHERE state = 'dead' AND id IN (SELECT json_array_elements_text($1::text::json)) RETURNING id`,
+      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, claim_token = NULL, updated_at = $2::timestamptz WHERE state = 'dead' AND id IN (SELECT json_array_elements_text($1::text::json)) RETURNING id`,
     listDead:
       `SELECT ${columns} FROM ${o} AS t WHERE t.state = 'dead' ORDER BY t.seq LIMIT $1::int`,
     stats:
@@ -201,7 +204,7 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
       field("state")
     } AS state FROM json_each(?1)) AS m ON t.id = m.id WHERE t.claim_token = m.token AND t.attempts = m.attempts AND t.state = m.state`,
     requeue:
-      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = ?2 WHERE ${
+      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, claim_token = NULL, updated_at = ?2 WHERE ${
         terminal("dead")
       } AND id IN (SELECT value FROM json_each(?1)) RETURNING id`,
     listDead: `SELECT ${columns} FROM ${o} WHERE ${terminal("dead")} ORDER BY seq LIMIT ?1`,
