@@ -119,9 +119,13 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     // (pending_idx, in seq order) and the earliest due retries and expired leases (retry_idx, in
     // due-time order), each locked as found; the claim takes the oldest of them by seq. Neither
     // scan reads rows that are not due, so a backlog of failed rows waiting for their retry
-    // time costs a claim nothing.
+    // time costs a claim nothing. A `claimed` or `failed` row without a due time (set to NULL
+    // by hand to retry now, or left by another writer) is due, as in version 2, in `stats()`
+    // and in the other stores: a third scan of retry_idx (`IS NULL`) finds those. Its `ORDER BY
+    // next_attempt_at DESC` orders nothing (all NULL) but makes the planner probe the index
+    // (backwards, NULLs first) instead of a sequential scan that column statistics can favour.
     claim:
-      `UPDATE ${o} AS t SET state = 'claimed', attempts = t.attempts + 1, updated_at = $1::timestamptz, next_attempt_at = $2::timestamptz, claim_token = $4 WHERE t.id = ANY(ARRAY(WITH p AS (SELECT id, seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT $3::int FOR UPDATE SKIP LOCKED), r AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= $1::timestamptz ORDER BY next_attempt_at LIMIT $3::int FOR UPDATE SKIP LOCKED) SELECT c.id FROM (SELECT id, seq FROM p UNION ALL SELECT id, seq FROM r) AS c ORDER BY c.seq LIMIT $3::int)) RETURNING ${columns}`,
+      `UPDATE ${o} AS t SET state = 'claimed', attempts = t.attempts + 1, updated_at = $1::timestamptz, next_attempt_at = $2::timestamptz, claim_token = $4 WHERE t.id = ANY(ARRAY(WITH p AS (SELECT id, seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT $3::int FOR UPDATE SKIP LOCKED), r AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= $1::timestamptz ORDER BY next_attempt_at LIMIT $3::int FOR UPDATE SKIP LOCKED), u AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL ORDER BY next_attempt_at DESC LIMIT $3::int FOR UPDATE SKIP LOCKED) SELECT c.id FROM (SELECT id, seq FROM p UNION ALL SELECT id, seq FROM r UNION ALL SELECT id, seq FROM u) AS c ORDER BY c.seq LIMIT $3::int)) RETURNING ${columns}`,
     deadCorrupt:
       `UPDATE ${o} SET state = 'dead', next_attempt_at = NULL, last_error = $3, updated_at = $4::timestamptz WHERE seq = $1::bigint AND state = 'claimed' AND claim_token = $2`,
     // With a token, the token and attempts are the fence (attempts guards against writers that
@@ -131,8 +135,11 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
       `UPDATE ${o} AS t SET state = m.state, updated_at = $2::timestamptz, next_attempt_at = m.next, last_error = CASE WHEN m.state = 'dispatched' THEN NULL ELSE m.error END, outcome = CASE WHEN m.outcome IS NULL THEN t.outcome ELSE m.outcome::jsonb END FROM json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, token text, state text, error text, next timestamptz, outcome text) WHERE t.id = m.id AND t.state || '' = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token AND t.attempts = m.attempts END) RETURNING t.id`,
     markApplied:
       `SELECT t.id FROM ${o} AS t JOIN json_to_recordset($1::text::json) AS m(id text, attempts integer, token text, state text) ON t.id = m.id WHERE t.claim_token = m.token AND t.attempts = m.attempts AND t.state = m.state`,
+    // A requeue ends every earlier claim: it clears the token, so a claimer that writes none (an
+    // older library version during a rolling upgrade) cannot recreate "claimed, attempts 1" with
+    // the token of the claim before the requeue and have that claim's late mark apply.
     requeue:
-      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = $2::timestamptz WHERE state = 'dead' AND id IN (SELECT json_array_elements_text($1::text::json)) RETURNING id`,
+      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, claim_token = NULL, updated_at = $2::timestamptz WHERE state = 'dead' AND id IN (SELECT json_array_elements_text($1::text::json)) RETURNING id`,
     listDead:
       `SELECT ${columns} FROM ${o} AS t WHERE t.state = 'dead' ORDER BY t.seq LIMIT $1::int`,
     stats:
@@ -174,10 +181,11 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
     get: `SELECT ${columns} FROM ${o} WHERE id = ?1`,
     getMany: `SELECT ${columns} FROM ${o} WHERE id IN (SELECT value FROM json_each(?1))`,
     // As on Postgres: the oldest pending rows (pending_idx) and the earliest due retries and
-    // expired leases (retry_idx), the oldest of them by seq; the partial indexes' WHERE terms
-    // are repeated literally.
+    // expired leases (retry_idx), plus claimed/failed rows without a due time (due, as in
+    // version 2), the oldest of them by seq; the partial indexes' WHERE terms are repeated
+    // literally.
     claim:
-      `UPDATE ${o} SET state = 'claimed', attempts = attempts + 1, updated_at = ?1, next_attempt_at = ?2, claim_token = ?4 WHERE seq IN (SELECT seq FROM (SELECT seq FROM (SELECT seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?3)) ORDER BY seq LIMIT ?3) RETURNING ${columns}`,
+      `UPDATE ${o} SET state = 'claimed', attempts = attempts + 1, updated_at = ?1, next_attempt_at = ?2, claim_token = ?4 WHERE seq IN (SELECT seq FROM (SELECT seq FROM (SELECT seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL LIMIT ?3)) ORDER BY seq LIMIT ?3) RETURNING ${columns}`,
     deadCorrupt:
       `UPDATE ${o} SET state = 'dead', next_attempt_at = NULL, last_error = ?3, updated_at = ?4 WHERE seq = ?1 AND state = 'claimed' AND claim_token = ?2`,
     markMany:
@@ -196,7 +204,7 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
       field("state")
     } AS state FROM json_each(?1)) AS m ON t.id = m.id WHERE t.claim_token = m.token AND t.attempts = m.attempts AND t.state = m.state`,
     requeue:
-      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = ?2 WHERE ${
+      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, claim_token = NULL, updated_at = ?2 WHERE ${
         terminal("dead")
       } AND id IN (SELECT value FROM json_each(?1)) RETURNING id`,
     listDead: `SELECT ${columns} FROM ${o} WHERE ${terminal("dead")} ORDER BY seq LIMIT ?1`,
