@@ -20,6 +20,11 @@ export interface PostgresServerOptions {
   fast?: boolean;
   /** Extra `-c name=value` settings. */
   settings?: Record<string, string>;
+  /**
+   * The directory holding initdb/pg_ctl/postgres, for example the npm-shipped binaries
+   * (`embeddedPostgresBinDir()`). @default {postgresBinDir()}
+   */
+  binDir?: string;
 }
 
 /** The directory holding initdb/pg_ctl, or `undefined`. */
@@ -100,7 +105,7 @@ export class PostgresServer implements AsyncDisposable {
 
   /** Creates and starts a cluster; throws with the log tail when it does not come up. */
   static async start(options: PostgresServerOptions = {}): Promise<PostgresServer> {
-    const bin = postgresBinDir();
+    const bin = options.binDir ?? postgresBinDir();
     if (!bin) {
       throw new Error(
         "Postgres binaries not found (looked in /usr/lib/postgresql/*/bin); install the postgresql package or set OUTBOX_TEST_POSTGRES_URL",
