@@ -245,6 +245,10 @@ Deno.test("configuration errors are typed and happen at start", async () => {
     OutboxValidationError,
   );
   await assert.rejects(
+    consumeWithInbox(consumer, { ...base, inbox: new MemoryInboxRepository(), pullExpiresMs: 999 }),
+    OutboxValidationError,
+  );
+  await assert.rejects(
     consumeWithInbox(await js.consumers.get(env.stream.name, env.durable), {
       ...base,
       inbox: new MemoryInboxRepository(),

@@ -79,7 +79,7 @@ export interface PullConsumerLike<M extends JetStreamMessageLike> {
   info(): Promise<{ config: RedeliveryConfig }>;
   /** Starts pulling messages. */
   consume(
-    options: { max_messages: number },
+    options: { max_messages: number; expires?: number },
   ): Promise<AsyncIterable<M> & { close(): Promise<unknown> }>;
 }
 
@@ -134,6 +134,14 @@ export interface InboxConsumerOptions<M extends JetStreamMessageLike, Tx> {
   concurrency?: number;
   /** Messages pulled ahead of processing. @default {concurrency * 2} */
   prefetch?: number;
+  /**
+   * How long one pull request lives on the server. The server sends idle heartbeats every half of
+   * it, and two missed heartbeats make the client pull again: on a cluster, a pull request left
+   * with a consumer leader that died is replaced after about this long (with nats.js's 30 s
+   * default, consumption stalled for ~50 s after a leader change). At least 1000.
+   * @default {5000}
+   */
+  pullExpiresMs?: number;
   /** Nak delay after delivery `n` is `min(capMs, baseMs * 2 ** (n - 1))`. @default {{ baseMs: 1000, capMs: 60000 }} */
   nakBackoff?: { baseMs?: number; capMs?: number };
   /** In-progress ack period while a handler runs. @default {a third of the consumer's ack_wait} */
@@ -261,6 +269,15 @@ export async function consumeWithInbox<M extends JetStreamMessageLike, Tx = unde
 ): Promise<InboxConsumer> {
   const concurrency = positiveInteger("concurrency", options.concurrency ?? 1);
   if (options.prefetch !== undefined) positiveInteger("prefetch", options.prefetch);
+  if (
+    options.pullExpiresMs !== undefined &&
+    (!Number.isSafeInteger(options.pullExpiresMs) || options.pullExpiresMs < 1_000)
+  ) {
+    throw new OutboxValidationError(
+      "pullExpiresMs",
+      `pullExpiresMs must be an integer >= 1000, got ${options.pullExpiresMs}`,
+    );
+  }
   if (options.inProgressIntervalMs !== undefined && options.inProgressIntervalMs < 100) {
     throw new OutboxValidationError(
       "inProgressIntervalMs",
@@ -311,6 +328,7 @@ export async function consumeWithInbox<M extends JetStreamMessageLike, Tx = unde
   const loop = new ConsumerLoop(config, options, concurrency, nak);
   const messages = await consumer.consume({
     max_messages: options.prefetch ?? concurrency * 2,
+    expires: options.pullExpiresMs ?? 5_000,
   });
   loop.run(messages);
   return loop;
