@@ -25,7 +25,10 @@ export interface NatsClusterOptions {
   readyTimeoutMs?: number;
 }
 
-/** One node of a {@linkcode NatsCluster}. */
+/**
+ * One node of a {@linkcode NatsCluster}. Each node carries the server tag `node:<name>`, so a
+ * stream can be placed on it: `placement: { tags: ["node:n1"] }`.
+ */
 export interface NatsClusterNode {
   /** `server_name`, as stream info reports leaders and replicas (`n1`, `n2`, ...). */
   name: string;
@@ -80,6 +83,7 @@ export class NatsCluster implements AsyncDisposable {
           port: node.clientPort,
           config: [
             `server_name: ${node.name}`,
+            `server_tags: ["node:${node.name}"]`,
             `cluster {`,
             `  name: ${name}`,
             `  listen: "127.0.0.1:${node.routePort}"`,
