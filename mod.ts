@@ -213,6 +213,7 @@ export { SqlInboxRepository } from "./src/stores/sql/inbox.ts";
 export { createSqlOutboxAdapter, type SqlOutboxAdapter } from "./src/stores/sql/adapter.ts";
 export {
   listenForOutboxWakeups,
+  type OutboxWakeupMode,
   type OutboxWakeupOptions,
   type OutboxWakeupReason,
   type OutboxWakeupSubscription,
