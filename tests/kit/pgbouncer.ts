@@ -12,8 +12,8 @@ import { freePort, isListening } from "./ports.ts";
 import {
   findExecutable,
   isAlive,
-  isRoot,
   run,
+  serviceUser,
   signal,
   sleep,
   startDetached,
@@ -95,7 +95,7 @@ export class PgBouncer implements AsyncDisposable {
         "ignore_startup_parameters = extra_float_digits,options",
       ].join("\n") + "\n",
     );
-    const user = isRoot() ? "postgres" : undefined;
+    const user = serviceUser();
     if (user) await run("chown", ["-R", `${user}:`, dir]);
     const pid = await startDetached({
       command: binary,

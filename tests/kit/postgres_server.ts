@@ -7,7 +7,7 @@
  */
 
 import { freePort, isListening, isPortFree, waitForPortFree } from "./ports.ts";
-import { isAlive, isRoot, run, signal, sleep, waitForExit } from "./process.ts";
+import { isAlive, run, serviceUser, signal, sleep, waitForExit } from "./process.ts";
 
 /** Options for {@linkcode PostgresServer.start}. */
 export interface PostgresServerOptions {
@@ -80,7 +80,7 @@ export class PostgresServer implements AsyncDisposable {
     this.dir = dir;
     this.port = port;
     this.#options = options;
-    this.#user = isRoot() ? "postgres" : undefined;
+    this.#user = serviceUser();
     this.url = `postgres://postgres@127.0.0.1:${port}/postgres`;
   }
 
