@@ -28,13 +28,17 @@ Deno.test("kit: a 3-node cluster elects a new R3 stream leader after kill -9 and
     await eventually(() => js.publish(`${stream}.a`, "2"));
     await cluster.restart(first.node);
 
+    // Watch the freeze through the other nodes: a connection to the frozen one answers nothing.
+    const others = cluster.nodes.filter((node) => node !== second.node).map((n) => n.server.url);
+    const observer = await connectNats(others.join(","));
     cluster.pause(second.node);
     try {
-      const third = await cluster.waitForLeader(nc, stream, { notOn: second.node.name });
+      const third = await cluster.waitForLeader(observer, stream, { notOn: second.node.name });
       assert.notEqual(third.node.name, second.node.name);
-      await eventually(() => js.publish(`${stream}.a`, "3"));
+      await eventually(() => jetstream(observer, { timeout: 5_000 }).publish(`${stream}.a`, "3"));
     } finally {
       cluster.resume(second.node);
+      await observer.close();
     }
     const info = await eventually(async () => {
       const info = await jsm.streams.info(stream);
