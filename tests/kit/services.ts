@@ -103,7 +103,7 @@ async function startEmbeddedPostgres(required: boolean): Promise<Service | undef
   if (!binDir) {
     if (!required) return undefined;
     throw new KitError(
-      `No npm-shipped Postgres binaries for ${Deno.build.os}-${Deno.build.arch} (only linux-x64 is mapped)`,
+      `No npm-shipped Postgres binaries for ${Deno.build.os}-${Deno.build.arch} (only linux-x64 is tried)`,
     );
   }
   const server = await PostgresServer.start({ binDir });
