@@ -5,8 +5,8 @@
  * needs only `nats-server`, and CI runs the SQL suites on this major version as well as the
  * machine's.
  *
- * The package is imported through a computed specifier so that test runs on machines WITH a local
- * Postgres never download it. Its files are copied once into a world-readable cache directory
+ * The package is loaded only when needed (test runs on machines WITH a local Postgres never
+ * download it), in a subprocess that leaves `deno.lock` alone. Its files are copied once into a world-readable cache directory
  * (the cluster runs as `postgres` when the kit runs as root, and that user cannot read root's
  * Deno cache), and the library symlinks that npm's postinstall would create are made there.
  *
@@ -49,9 +49,7 @@ export async function embeddedPostgresBinDir(): Promise<string | undefined> {
   if (!pkg) return undefined;
   const target = embeddedPostgresCacheDir();
   if (exists(`${target}/bin/pg_ctl`)) return `${target}/bin`;
-  const specifier = pkg; // computed: keeps the 60 MB package out of every test's module graph
-  const paths = await import(specifier) as { pg_ctl: string };
-  const native = paths.pg_ctl.replace(/\/bin\/pg_ctl$/, "");
+  const native = (await resolvePackage(pkg)).replace(/\/bin\/pg_ctl$/, "");
   // Copy next to the target, then rename: concurrent test processes never see half a copy.
   const parent = target.replace(/\/[^/]+$/, "");
   await Deno.mkdir(parent, { recursive: true, mode: 0o755 });
@@ -70,6 +68,29 @@ export async function embeddedPostgresBinDir(): Promise<string | undefined> {
     await Deno.remove(staging, { recursive: true }).catch(() => {});
   }
   return `${target}/bin`;
+}
+
+/**
+ * Where the package's `pg_ctl` is, downloading the package into Deno's cache if needed. In a
+ * subprocess without the project's config and lock file: importing it here would add it to
+ * `deno.lock`, and a fresh clone's first `deno task` would then fetch it (and warn about its
+ * postinstall script).
+ */
+async function resolvePackage(specifier: string): Promise<string> {
+  const code = `const m = await import(${JSON.stringify(specifier)}); console.log(m.pg_ctl);`;
+  const output = await new Deno.Command(Deno.execPath(), {
+    args: ["eval", "--no-config", "--no-lock", "--quiet", code],
+    stdout: "piped",
+    stderr: "piped",
+    stdin: "null",
+  }).output();
+  const path = new TextDecoder().decode(output.stdout).trim();
+  if (!output.success || !path.endsWith("/bin/pg_ctl")) {
+    throw new Error(
+      `could not load ${specifier}: ${new TextDecoder().decode(output.stderr).trim()}`,
+    );
+  }
+  return path;
 }
 
 /** Creates the symlinks listed in `pg-symlinks.json` (npm's postinstall does this; Deno not). */
