@@ -1,0 +1,564 @@
+/**
+ * Runs a list of store commands against a real store and the reference model, checking the
+ * invariants after every step and at the end:
+ *
+ * - nothing committed is lost: every stored message is in the model's state, and at the end
+ *   every instance, past every lease, claims every unsettled message (so a requeued message is
+ *   claimable again on every instance);
+ * - a stale claim never settles a message, and no message has two live claims (a claim only
+ *   returns due messages; a mark only applies for the latest claim);
+ * - `dead` is never claimed;
+ * - `stats()` counts match the model.
+ *
+ * @module
+ */
+
+import type { OutboxMessage, OutboxRecord } from "../../mod.ts";
+import type { Command, Operation } from "./store_commands.ts";
+import { idCount } from "./store_commands.ts";
+import {
+  applyClaim,
+  applyEnqueue,
+  applyMarks,
+  applyPrune,
+  applyRequeue,
+  checkEnqueued,
+  describe,
+  describeStored,
+  emptyModel,
+  expectedStats,
+  type FenceMode,
+  type HeldClaim,
+  isDue,
+  type Model,
+  type ModelMark,
+  type ModelMessage,
+  ModelViolation,
+  resync,
+  sameState,
+  verdict,
+} from "./reference_model.ts";
+import type { Instance, Run, Target } from "./store_targets.ts";
+
+/** How strictly marks of an already-settled own claim are judged (see reference_model.ts). */
+export interface RunOptions {
+  /** `token`: retries and repeated marks of one claim must return true. */
+  fence: FenceMode | "auto";
+}
+
+/** The id of message index `n`. */
+export function messageId(n: number): string {
+  return `m${n}`;
+}
+
+/** The record of message index `n` (the same content every time: re-enqueues are idempotent). */
+export function recordOf(n: number): OutboxRecord {
+  return {
+    id: messageId(n),
+    kind: "event.publish",
+    name: "model.event",
+    subject: `model.s${n % 2}`,
+    payload: JSON.stringify({ n }),
+    headers: { "X-Model": `${n}` },
+  };
+}
+
+class Rollback extends Error {}
+
+/** Executes commands on one fresh run of `target`. */
+export class StoreRunner {
+  #model: Model = emptyModel();
+  #held: HeldClaim[][] = [[], [], []];
+  #nowMs: number;
+  #log: string[] = [];
+
+  constructor(
+    readonly target: Target,
+    readonly run: Run,
+    readonly options: RunOptions,
+    startMs: number,
+  ) {
+    this.#nowMs = startMs;
+  }
+
+  /** What happened so far (printed with a failure). */
+  get log(): readonly string[] {
+    return this.#log;
+  }
+
+  /** Runs every command, checking after each; then the final drain. */
+  async execute(commands: readonly Command[]): Promise<void> {
+    for (const [i, command] of commands.entries()) {
+      try {
+        await this.#step(command);
+        await this.run.settle();
+        await this.#checkStored();
+      } catch (error) {
+        throw this.#explain(error, `step ${i} ${JSON.stringify(command)}`);
+      }
+    }
+    try {
+      await this.#drain();
+    } catch (error) {
+      throw this.#explain(error, "final drain");
+    }
+  }
+
+  #explain(error: unknown, where: string): Error {
+    const message = error instanceof Error ? error.message : String(error);
+    const explained = new Error(
+      `${this.target.name}, ${where}: ${message}\n  trace:\n    ${this.#log.join("\n    ")}`,
+      { cause: error },
+    );
+    explained.name = error instanceof ModelViolation ? "ModelViolation" : "StoreError";
+    return explained;
+  }
+
+  get #now(): Date {
+    return new Date(this.#nowMs);
+  }
+
+  #instance(actor: number): Instance {
+    return this.run.instances[actor % this.run.instances.length];
+  }
+
+  async #step(command: Command): Promise<void> {
+    switch (command.op) {
+      case "advance":
+        this.#nowMs += command.ms;
+        this.#log.push(`advance ${command.ms} ms`);
+        return;
+      case "fault":
+        return await this.#fault(command.kind, command.at, command.inner);
+      case "overtake":
+        return await this.#overtake(command.at, command.delay, command.inner, command.by);
+      case "txEnqueue":
+        return await this.#txEnqueue(command.actor, command.ids, command.commit, command.by);
+      default: {
+        const prepared = await this.#prepare(command);
+        this.#log.push(prepared.label);
+        const observed = await prepared.call();
+        this.#model = prepared.check(this.#model, observed);
+        return;
+      }
+    }
+  }
+
+  /**
+   * Binds an operation to the current claims and clock: `call` runs it on the store, `check`
+   * judges its result against a model (the current one, or another order's for overtakes).
+   */
+  async #prepare(operation: Operation): Promise<{
+    label: string;
+    call: () => Promise<unknown>;
+    check: (model: Model, observed: unknown) => Model;
+    /** Whether a change of one message after a failed call may be this operation's effect. */
+    legal: (
+      id: string,
+      before: ModelMessage | undefined,
+      after: OutboxMessage | undefined,
+    ) => ModelMessage | undefined | "illegal";
+    ids: string[];
+  }> {
+    const instance = this.#instance(operation.actor);
+    const store = instance.store;
+    const nowMs = this.#nowMs;
+    const now = this.#now;
+    const illegal = () => "illegal" as const;
+    switch (operation.op) {
+      case "enqueue": {
+        const ids = operation.ids.map(messageId);
+        const records = operation.ids.map(recordOf);
+        return {
+          label: `#${operation.actor} enqueue ${ids.join(",")}`,
+          call: () =>
+            records.length === 1
+              ? store.enqueue(records[0]).then((m) => [m])
+              : store.enqueueMany(records),
+          check: (model, observed) => {
+            const next = applyEnqueue(model, ids, nowMs);
+            checkEnqueued(next, observed as OutboxMessage[], ids);
+            return next;
+          },
+          legal: (id, before, after) =>
+            !before && ids.includes(id) && after?.state === "pending" && after.attempts === 0
+              ? { state: "pending", attempts: 0, updatedMs: nowMs }
+              : "illegal",
+          ids,
+        };
+      }
+      case "claim": {
+        const { limit, leaseMs } = operation;
+        return {
+          label: `#${operation.actor} claim ${limit} lease ${leaseMs}`,
+          call: () => store.claimDue(limit, now, { leaseMs }),
+          check: (model, observed) => {
+            const claimed = observed as OutboxMessage[];
+            const { model: next, held } = applyClaim(model, claimed, limit, nowMs, leaseMs, {
+              complete: this.#completeClaims,
+            });
+            this.#held[operation.actor].push(...held);
+            this.#log.push(
+              `  #${operation.actor} got ${
+                held.map((h) => `${h.message.id}@t${h.token}`).join(",") || "nothing"
+              }`,
+            );
+            return next;
+          },
+          legal: (_id, before, after) =>
+            before && isDue(before, nowMs) && after?.state === "claimed" &&
+              after.attempts === before.attempts + 1 &&
+              Date.parse(after.nextAttemptAt ?? "") === nowMs + leaseMs
+              ? {
+                ...before,
+                state: "claimed",
+                attempts: after.attempts,
+                dueMs: nowMs + leaseMs,
+                updatedMs: nowMs,
+                token: 0, // a claim nobody holds: its reply was lost
+                lease: after.nextAttemptAt,
+              }
+              : "illegal",
+          ids: [],
+        };
+      }
+      case "mark":
+      case "markMany": {
+        // Any instance's claims (the newest first), live or stale, settled by this instance.
+        const held = this.#held.flat().sort((a, b) => b.token - a.token);
+        const wanted = operation.op === "mark"
+          ? [{ pick: operation.pick, state: operation.state }]
+          : operation.marks;
+        const marks: ModelMark[] = held.length === 0 ? [] : wanted.map(({ pick, state }) => ({
+          claim: held[pick % held.length],
+          state,
+          dueMs: state === "failed" ? nowMs + operation.retryMs : undefined,
+        }));
+        const storeMarks = marks.map((mark) =>
+          mark.state === "failed"
+            ? {
+              claim: mark.claim.message,
+              state: "failed" as const,
+              error: "model failure",
+              nextAttemptAt: new Date(mark.dueMs!),
+            }
+            : mark.state === "dead"
+            ? { claim: mark.claim.message, state: "dead" as const, error: "model dead" }
+            : { claim: mark.claim.message, state: "dispatched" as const }
+        );
+        const single = operation.op === "mark" && marks.length === 1;
+        // auto: the claim-token rules once the store's claims carry a token, else the legacy
+        // fence (attempts + lease expiry), which cannot recognise its own earlier success.
+        const fence: FenceMode = this.options.fence !== "auto"
+          ? this.options.fence
+          : marks.every((m) => (m.claim.message as { claimToken?: string }).claimToken)
+          ? "token"
+          : "legacy";
+        return {
+          label: `#${operation.actor} ${operation.op} ${
+            marks.map((m) => `${m.claim.message.id}@t${m.claim.token}->${m.state}`).join(",") ||
+            "(no claims held)"
+          }`,
+          call: async () => {
+            if (marks.length === 0) return [];
+            if (!single) return await store.markMany!(storeMarks, now);
+            const mark = storeMarks[0];
+            switch (mark.state) {
+              case "dispatched":
+                return [await store.markDispatched(mark.claim, now)];
+              case "failed":
+                return [
+                  await store.markFailed(mark.claim, {
+                    error: mark.error,
+                    nextAttemptAt: mark.nextAttemptAt,
+                    now,
+                  }),
+                ];
+              case "dead":
+                return [await store.markDead(mark.claim, { error: mark.error, now })];
+            }
+          },
+          check: (model, observed) => applyMarks(model, marks, observed as boolean[], nowMs, fence),
+          legal: (id, before, after) => {
+            // The first mark of this id that applies decides the state it may have reached.
+            let state = before;
+            for (const mark of marks) {
+              if (mark.claim.message.id !== id || !state) continue;
+              const m = { messages: new Map([[id, state]]), nextToken: 0 };
+              if (verdict(m, mark, fence) === "applies") {
+                state = {
+                  ...state,
+                  state: mark.state,
+                  updatedMs: nowMs,
+                  dueMs: mark.state === "failed" ? mark.dueMs : undefined,
+                  lease: undefined,
+                };
+                break;
+              }
+            }
+            return state !== before && sameState(state, after) ? state : illegal();
+          },
+          ids: [],
+        };
+      }
+      case "requeue": {
+        // What is dead in the store now (a delayed call may have made it so), the latest first.
+        const dead = (await this.run.observer.listDead({ limit: 100 }))
+          .sort((a, b) => b.updatedAt.localeCompare(a.updatedAt))
+          .map((message) => message.id);
+        const ids = [
+          ...(dead.length === 0 ? [] : operation.picks.map((pick) => dead[pick % dead.length])),
+          ...operation.ids.map(messageId),
+        ];
+        return {
+          label: `#${operation.actor} requeue ${ids.join(",")}`,
+          call: () => store.requeue(ids, now),
+          check: (model, observed) => applyRequeue(model, ids, nowMs, observed as number),
+          legal: (id, before, after) =>
+            before?.state === "dead" && ids.includes(id) && after?.state === "pending" &&
+              after.attempts === 0
+              ? { state: "pending", attempts: 0, updatedMs: nowMs }
+              : "illegal",
+          ids,
+        };
+      }
+      case "prune": {
+        const cutoff = nowMs - operation.ageMs;
+        const cutoffs = operation.dead
+          ? { dispatchedBefore: cutoff, deadBefore: cutoff }
+          : { dispatchedBefore: cutoff };
+        return {
+          label: `#${operation.actor} prune before now-${operation.ageMs}${
+            operation.dead ? " (and dead)" : ""
+          }`,
+          call: () =>
+            store.prune({
+              dispatchedBefore: new Date(cutoffs.dispatchedBefore),
+              deadBefore: cutoffs.deadBefore === undefined ? undefined : new Date(cutoff),
+            }),
+          check: (model, observed) =>
+            applyPrune(model, cutoffs, observed as { dispatched: number; dead: number }),
+          legal: (_id, before, after) =>
+            !after && before && before.updatedMs < cutoff &&
+              (before.state === "dispatched" || (operation.dead && before.state === "dead"))
+              ? undefined
+              : "illegal",
+          ids: [],
+        };
+      }
+    }
+  }
+
+  /** @internal The type of a prepared operation. */
+  prepareFor(operation: Operation) {
+    return this.#prepare(operation);
+  }
+
+  /** Claims checked for completeness (off while another actor overlaps them). */
+  #completeClaims = true;
+
+  async #fault(kind: "fail" | "lost", at: number, inner: Operation): Promise<void> {
+    const prepared = await this.#prepare(inner);
+    const instance = this.#instance(inner.actor);
+    this.#log.push(`${prepared.label} with ${kind} at call ${at}`);
+    instance.faults.arm(kind, at);
+    let observed: unknown;
+    let threw: unknown;
+    try {
+      observed = await prepared.call();
+    } catch (error) {
+      threw = error;
+    } finally {
+      instance.faults.disarm();
+    }
+    if (threw === undefined) {
+      const hit = instance.faults.hit;
+      // The fault was not reached, or the store absorbed it (a claim returns what it won, a
+      // marker write is best effort): the result must fit the model, and whatever else changed
+      // must be an effect the call may have had.
+      this.#log.push(`  (${hit ? "fault absorbed" : "fault not reached"})`);
+      this.#completeClaims = !hit;
+      try {
+        this.#model = prepared.check(this.#model, observed);
+      } finally {
+        this.#completeClaims = true;
+      }
+      if (hit) {
+        await this.run.settle();
+        this.#model = resync(this.#model, await this.#observe(prepared.ids), prepared.legal);
+      }
+      return;
+    }
+    this.#log.push(`  threw ${(threw as Error).message}`);
+    await this.run.settle();
+    this.#model = resync(this.#model, await this.#observe(prepared.ids), prepared.legal);
+    if (inner.op === "claim") return; // a lost claim is not retried: its leases expire
+    // Retry once without faults, as a dispatcher (or an operator) would: the result must be
+    // what the first call should have answered.
+    const retried = await prepared.call();
+    this.#log.push(`  retried: ${JSON.stringify(retried)}`);
+    this.#model = prepared.check(this.#model, retried);
+  }
+
+  async #overtake(
+    at: number,
+    delay: "pause" | "hold",
+    inner: Operation,
+    by: Operation,
+  ): Promise<void> {
+    const first = await this.#prepare(inner);
+    const instance = this.#instance(inner.actor);
+    instance.faults.arm(delay, at);
+    const running = first.call().then(
+      (value) => ({ value }),
+      (error: unknown) => ({ error }),
+    );
+    const reached = await Promise.race([
+      instance.faults.reached.then(() => true),
+      running.then(() => false),
+    ]);
+    let secondObserved: unknown;
+    let second: Awaited<ReturnType<StoreRunner["prepareFor"]>> | undefined;
+    try {
+      if (reached) await this.run.settle();
+      second = await this.#prepare(by);
+      this.#log.push(
+        `${first.label}: ${
+          delay === "pause" ? "request" : "reply"
+        } of call ${at} delayed, overtaken by ${second.label}`,
+      );
+      secondObserved = await second.call();
+      if (reached) await this.run.settle();
+    } finally {
+      instance.faults.release();
+    }
+    const firstOutcome = await running;
+    if ("error" in firstOutcome) {
+      throw new ModelViolation(
+        `${first.label} failed after being overtaken: ${(firstOutcome.error as Error).message}`,
+      );
+    }
+    this.#log.push(`  ${reached ? "delayed" : "finished first"}`);
+    this.#model = this.#either([first, firstOutcome.value], [second!, secondObserved], reached);
+  }
+
+  async #txEnqueue(actor: number, indexes: number[], commit: boolean, by: Operation) {
+    const instance = this.#instance(actor);
+    if (!instance.transaction) return;
+    let peer = by.actor;
+    if (this.target.txPeers === "same-connection") {
+      const same = this.run.instances
+        .map((candidate, i) => ({ candidate, i }))
+        .filter(({ candidate }) => candidate.connection === instance.connection);
+      peer = by.actor === actor ? actor : same[by.actor % same.length].i;
+    }
+    const claim = await this.#prepare({ ...by, actor: peer } as Operation);
+    const ids = indexes.map(messageId);
+    const records = indexes.map(recordOf);
+    this.#log.push(
+      `#${actor} in a transaction: enqueue ${ids.join(",")}, while ${claim.label}; then ${
+        commit ? "commit" : "roll back"
+      }`,
+    );
+    let claiming: Promise<{ value: unknown } | { error: unknown }> | undefined;
+    try {
+      await instance.transaction(async (tx) => {
+        await tx.enqueueMany(records);
+        claiming = claim.call().then((value) => ({ value }), (error: unknown) => ({ error }));
+        await new Promise((resolve) => setTimeout(resolve, 5));
+        if (!commit) throw new Rollback();
+      });
+    } catch (error) {
+      if (!(error instanceof Rollback)) throw error;
+    }
+    const outcome = await claiming!;
+    if ("error" in outcome) throw outcome.error;
+    const enqueue = {
+      check: (model: Model) => commit ? applyEnqueue(model, ids, this.#nowMs) : model,
+    };
+    const txStep = { check: (model: Model, _: unknown) => enqueue.check(model) };
+    this.#model = this.#either([txStep, undefined], [claim, outcome.value], true);
+  }
+
+  /** Accepts the observed results if they fit one of the two serial orders. */
+  #either(
+    a: [{ check: (model: Model, observed: unknown) => Model }, unknown],
+    b: [{ check: (model: Model, observed: unknown) => Model }, unknown],
+    overlapped: boolean,
+  ): Model {
+    const held = this.#held.map((claims) => [...claims]);
+    const log = this.#log.length;
+    const attempt = (order: Array<typeof a>): Model | ModelViolation => {
+      this.#held = held.map((claims) => [...claims]);
+      this.#log.length = log;
+      this.#completeClaims = !overlapped;
+      try {
+        return order.reduce((model, [step, observed]) => step.check(model, observed), this.#model);
+      } catch (error) {
+        if (error instanceof ModelViolation) return error;
+        throw error;
+      } finally {
+        this.#completeClaims = true;
+      }
+    };
+    const ab = attempt([a, b]);
+    if (!(ab instanceof ModelViolation)) return ab;
+    if (!overlapped) throw ab;
+    const ba = attempt([b, a]);
+    if (!(ba instanceof ModelViolation)) return ba;
+    throw new ModelViolation(`no serial order explains it: ${ab.message} / ${ba.message}`);
+  }
+
+  async #observe(extra: readonly string[]): Promise<Map<string, OutboxMessage | undefined>> {
+    const ids = new Set([...this.#model.messages.keys(), ...extra]);
+    const observed = new Map<string, OutboxMessage | undefined>();
+    const stored = await Promise.all([...ids].map((id) => this.run.observer.get(id)));
+    [...ids].forEach((id, i) => observed.set(id, stored[i]));
+    return observed;
+  }
+
+  async #checkStored(): Promise<void> {
+    const every = Array.from({ length: idCount }, (_, n) => messageId(n));
+    for (const [id, stored] of await this.#observe(every)) {
+      const expected = this.#model.messages.get(id);
+      if (!sameState(expected, stored)) {
+        throw new ModelViolation(
+          `${id} is stored as ${describeStored(stored)}, the model says ${describe(expected)}` +
+            (expected && !stored ? " (committed message lost)" : ""),
+        );
+      }
+    }
+    const stats = await this.run.observer.stats(this.#now);
+    const expected = expectedStats(this.#model, this.#nowMs);
+    for (const key of Object.keys(expected) as Array<keyof typeof expected>) {
+      if (stats[key] !== expected[key]) {
+        throw new ModelViolation(
+          `stats().${key} is ${stats[key]}, the model says ${expected[key]} (${
+            JSON.stringify(stats)
+          })`,
+        );
+      }
+    }
+  }
+
+  /** Past every lease, each instance in turn must claim every unsettled message. */
+  async #drain(): Promise<void> {
+    for (const [actor, instance] of this.run.instances.entries()) {
+      this.#nowMs += 3_600_000;
+      await this.run.settle();
+      const want = [...this.#model.messages]
+        .filter(([, m]) => isDue(m, this.#nowMs))
+        .map(([id]) => id)
+        .sort();
+      const claimed = await instance.store.claimDue(100, this.#now, { leaseMs: 1_000 });
+      const got = claimed.map((message) => message.id).sort();
+      if (JSON.stringify(got) !== JSON.stringify(want)) {
+        throw new ModelViolation(
+          `instance #${actor} claimed [${got}] past every lease, unsettled messages are [${want}]` +
+            ` (a message no instance or only some instances can claim is lost to them)`,
+        );
+      }
+      this.#model = applyClaim(this.#model, claimed, 100, this.#nowMs, 1_000).model;
+    }
+  }
+}
