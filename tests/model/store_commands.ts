@@ -65,6 +65,8 @@ export interface CommandOptions {
    * transaction open (#14 item 1, SQLite).
    */
   known?: { requeueRaces?: boolean; sharedConnectionTx?: boolean };
+  /** Weights tuned to one family of races (the requeue races of NATS KV). */
+  focus?: "requeueRaces";
   /** Commands per run. @default {16} */
   maxLength?: number;
 }
@@ -72,6 +74,7 @@ export interface CommandOptions {
 const actor = fc.integer({ min: 0, max: 2 });
 const ids = fc.array(fc.integer({ min: 0, max: idCount - 1 }), { minLength: 1, maxLength: 3 });
 const markState = fc.constantFrom<MarkState>("dispatched", "failed", "dead");
+const deadlyMarkState = fc.constantFrom<MarkState>("dead", "dead", "failed", "dispatched");
 const pick = fc.nat({ max: 7 });
 
 type Kind = Operation["op"];
@@ -86,6 +89,7 @@ function operation(
     requeue: 2,
     prune: 1,
   },
+  states: fc.Arbitrary<MarkState> = markState,
 ): fc.Arbitrary<Operation> {
   const all: Record<Kind, fc.Arbitrary<Operation>> = {
     enqueue: fc.record({ op: fc.constant("enqueue" as const), actor: who, ids }),
@@ -99,7 +103,7 @@ function operation(
       op: fc.constant("mark" as const),
       actor: who,
       pick,
-      state: markState,
+      state: states,
       retryMs: fc.constantFrom(...retries),
     }),
     markMany: fc.record({
@@ -154,8 +158,15 @@ export function command(options: CommandOptions): fc.Arbitrary<Command> {
     { weight: 2, arbitrary: fc.constant(1) },
     { weight: 1, arbitrary: fc.integer({ min: 1, max: Math.max(1, options.calls) }) },
   );
+  const plain = options.focus
+    ? operation(
+      actor,
+      { enqueue: 3, claim: 4, mark: 4, markMany: 1, requeue: 1, prune: 0 },
+      deadlyMarkState,
+    )
+    : operation(actor);
   const choices: Array<fc.WeightedArbitrary<Command>> = [
-    { weight: 12, arbitrary: operation(actor) },
+    { weight: 12, arbitrary: plain },
     {
       weight: 2,
       arbitrary: fc.record({
@@ -173,16 +184,26 @@ export function command(options: CommandOptions): fc.Arbitrary<Command> {
       }),
     },
     {
-      weight: 4,
+      weight: options.focus ? 10 : 4,
       arbitrary: fc.tuple(actor, fc.integer({ min: 1, max: 2 })).chain(([a, shift]) =>
         fc.record({
           op: fc.constant("overtake" as const),
           at,
-          delay: fc.constantFrom<"pause" | "hold">("pause", "hold"),
-          inner: operation(fc.constant(a), delayedWeights),
+          delay: options.focus
+            ? fc.constantFrom<"pause" | "hold">("hold", "hold", "pause")
+            : fc.constantFrom<"pause" | "hold">("pause", "hold"),
+          inner: operation(
+            fc.constant(a),
+            options.focus ? { ...delayedWeights, mark: 6, claim: 4 } : delayedWeights,
+            options.focus ? deadlyMarkState : markState,
+          ),
           by: operation(
             fc.constant((a + shift) % 3),
-            options.known?.requeueRaces ? { ...overtakingWeights, requeue: 0 } : overtakingWeights,
+            options.known?.requeueRaces
+              ? { ...overtakingWeights, requeue: 0 }
+              : options.focus
+              ? { ...overtakingWeights, requeue: 10 }
+              : overtakingWeights,
           ),
         })
       ),
@@ -213,5 +234,12 @@ export function command(options: CommandOptions): fc.Arbitrary<Command> {
 
 /** A run: a list of commands. */
 export function commands(options: CommandOptions): fc.Arbitrary<Command[]> {
-  return fc.array(command(options), { minLength: 1, maxLength: options.maxLength ?? 16 });
+  const list = fc.array(command(options), { minLength: 1, maxLength: options.maxLength ?? 16 });
+  if (!options.focus) return list;
+  // Focused runs start with work claimed, so their races have claims to settle.
+  const start = fc.tuple(actor, actor).map(([a, b]): Command[] => [
+    { op: "enqueue", actor: a, ids: [0, 1, 2] },
+    { op: "claim", actor: b, limit: 3, leaseMs: 5_000 },
+  ]);
+  return fc.tuple(start, list).map(([prefix, rest]) => [...prefix, ...rest]);
 }

@@ -30,6 +30,7 @@ interface PropertyOptions {
   name?: string;
   scale?: number;
   fence?: "auto" | "token";
+  uniqueMarks?: boolean;
   commands?: Partial<CommandOptions>;
   ignore?: boolean;
 }
@@ -48,7 +49,10 @@ function storeProperty(target: Target, options: PropertyOptions = {}): Deno.Test
           fc.asyncProperty(generator, async (list) => {
             const run = await session.run();
             try {
-              await new StoreRunner(target, run, { fence: options.fence ?? "auto" }, start)
+              await new StoreRunner(target, run, {
+                fence: options.fence ?? "auto",
+                uniqueMarks: options.uniqueMarks,
+              }, start)
                 .execute(list);
             } finally {
               await run.close();
@@ -69,13 +73,18 @@ const open = {
   sharedConnectionTx: true,
   /** #15 items 3, 4: KV markDead racing requeue; ActiveIndex.forget() removes by key. */
   requeueRaces: true,
+  /** #15 item 5: two marks of one id in one NATS KV markMany race each other. */
+  duplicateMarks: true,
   /** #14 item 3 / #15 item 1: claims carry no token; a retried mark reports "superseded". */
   noClaimToken: true,
 };
 
+/** `OUTBOX_MODEL_KNOWN_BUGS=1` runs the ignored known-bug properties (to see them fail). */
+const runKnown = Deno.env.get("OUTBOX_MODEL_KNOWN_BUGS") === "1";
+
 for (const target of targets) {
   Deno.test(storeProperty(target, {
-    scale: target === natsKvTarget ? 0.3 : 1,
+    uniqueMarks: target === natsKvTarget && open.duplicateMarks,
     commands: {
       known: { sharedConnectionTx: open.sharedConnectionTx, requeueRaces: open.requeueRaces },
     },
@@ -84,21 +93,26 @@ for (const target of targets) {
 
 Deno.test(storeProperty(nodeSqliteTarget, {
   name: "claims through a second executor of a connection inside a transaction (#14 item 1)",
-  ignore: open.sharedConnectionTx,
+  ignore: open.sharedConnectionTx && !runKnown,
+}));
+
+Deno.test(storeProperty(natsKvTarget, {
+  name: "two marks of one id in one markMany (#15 item 5)",
+  ignore: open.duplicateMarks && !runKnown,
+  commands: { known: { requeueRaces: open.requeueRaces } },
 }));
 
 Deno.test(storeProperty(natsKvTarget, {
   name: "requeue overtaking delayed marks and claims (#15 items 3, 4)",
-  ignore: open.requeueRaces,
-  scale: 0.3,
-  commands: { maxLength: 8 },
+  uniqueMarks: open.duplicateMarks,
+  ignore: open.requeueRaces && !runKnown,
+  commands: { maxLength: 10, focus: "requeueRaces" },
 }));
 
 for (const target of [memoryTarget, natsKvTarget]) {
   Deno.test(storeProperty(target, {
     name: "claim-token fence: a retried or repeated mark of its own claim is true (#15 item 1)",
-    ignore: open.noClaimToken,
+    ignore: open.noClaimToken && !runKnown,
     fence: "token",
-    scale: target === natsKvTarget ? 0.3 : 1,
   }));
 }

@@ -44,6 +44,11 @@ import type { Instance, Run, Target } from "./store_targets.ts";
 export interface RunOptions {
   /** `token`: retries and repeated marks of one claim must return true. */
   fence: FenceMode | "auto";
+  /**
+   * Leave repeated ids out of one markMany (#15 item 5: NATS KV settles two marks of one id
+   * concurrently, so which one wins is a race).
+   */
+  uniqueMarks?: boolean;
 }
 
 /** The id of message index `n`. */
@@ -229,11 +234,16 @@ export class StoreRunner {
         const wanted = operation.op === "mark"
           ? [{ pick: operation.pick, state: operation.state }]
           : operation.marks;
-        const marks: ModelMark[] = held.length === 0 ? [] : wanted.map(({ pick, state }) => ({
+        let marks: ModelMark[] = held.length === 0 ? [] : wanted.map(({ pick, state }) => ({
           claim: held[pick % held.length],
           state,
           dueMs: state === "failed" ? nowMs + operation.retryMs : undefined,
         }));
+        if (this.options.uniqueMarks) {
+          marks = marks.filter((mark, i) =>
+            marks.findIndex((other) => other.claim.message.id === mark.claim.message.id) === i
+          );
+        }
         const storeMarks = marks.map((mark) =>
           mark.state === "failed"
             ? {

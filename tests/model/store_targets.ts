@@ -308,8 +308,8 @@ export const pgTarget: Target = postgresTarget("postgres (pg)", (url) => {
   };
 });
 
-/** A KV handle whose watches report the highest revision they delivered. */
-function watchedKv(kv: KV, seen: { revision: number }): KV {
+/** A KV handle whose live watches are in `live`, each with the highest revision it delivered. */
+function watchedKv(kv: KV, live: Set<{ revision: number }>): KV {
   return new Proxy(kv, {
     get(target, property) {
       const value = Reflect.get(target, property, target);
@@ -321,9 +321,15 @@ function watchedKv(kv: KV, seen: { revision: number }): KV {
           get(inner, key) {
             if (key === Symbol.asyncIterator) {
               return async function* () {
-                for await (const entry of inner as AsyncIterable<{ revision: number }>) {
-                  if (entry.revision > seen.revision) seen.revision = entry.revision;
-                  yield entry;
+                const seen = { revision: 0 };
+                live.add(seen);
+                try {
+                  for await (const entry of inner as AsyncIterable<{ revision: number }>) {
+                    if (entry.revision > seen.revision) seen.revision = entry.revision;
+                    yield entry;
+                  }
+                } finally {
+                  live.delete(seen);
                 }
               };
             }
@@ -349,13 +355,11 @@ export const natsKvTarget: Target = {
         const bucket = uniqueName("mdl");
         const kv = await createOutboxBucket(new Kvm(connections[0]), bucket);
         const peer = await new Kvm(connections[1]).open(bucket);
-        const watches: Array<{ revision: number }> = [];
+        const watches = new Set<{ revision: number }>();
         const repositories: NatsKvOutboxRepository[] = [];
         const instances = [kv, kv, peer].map((handle, i): Instance => {
           const faults = new FaultController();
-          const seen = { revision: 0 };
-          watches.push(seen);
-          const proxied = faultyHandle(watchedKv(handle, seen), kvCalls, faults);
+          const proxied = faultyHandle(watchedKv(handle, watches), kvCalls, faults);
           const store = new NatsKvOutboxRepository(proxied);
           repositories.push(store);
           return { store, faults, connection: i === 2 ? 1 : 0 };
@@ -370,7 +374,7 @@ export const natsKvTarget: Target = {
             // instance has seen every marker change made before it.
             const revision = await kv.put(syncKey, "model");
             const deadline = Date.now() + 2_000;
-            while (watches.some((w) => w.revision > 0 && w.revision < revision)) {
+            while ([...watches].some((w) => w.revision < revision)) {
               if (Date.now() > deadline) break;
               await new Promise((resolve) => setTimeout(resolve, 2));
             }
