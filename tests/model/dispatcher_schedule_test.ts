@@ -193,7 +193,7 @@ function dispatcherProperty(name: string, faults: boolean, ignore: boolean): Den
             await new Promise((resolve) => setTimeout(resolve, 0));
             assert.deepEqual(unhandled, [], "no unhandled rejection");
           }),
-          budget(0.5),
+          budget(2),
         );
       } finally {
         globalThis.removeEventListener("unhandledrejection", onUnhandled);

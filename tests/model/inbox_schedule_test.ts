@@ -229,7 +229,7 @@ Deno.test("model: inbox consumer: deliveries, handler and inbox replies, stop in
         await runPlan(s, p);
         assert.deepEqual(unhandled, [], "no unhandled rejection");
       }),
-      budget(0.5),
+      budget(2),
     );
   } finally {
     globalThis.removeEventListener("unhandledrejection", onUnhandled);

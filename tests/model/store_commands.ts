@@ -65,8 +65,12 @@ export interface CommandOptions {
    * transaction open (#14 item 1, SQLite).
    */
   known?: { requeueRaces?: boolean; sharedConnectionTx?: boolean };
-  /** Weights tuned to one family of races (the requeue races of NATS KV). */
-  focus?: "requeueRaces";
+  /**
+   * Weights tuned to one family of races: `requeueRaces` (a requeue overtaking a delayed mark
+   * or claim), `duplicateMarks` (markMany naming one claim twice). Focused runs start with
+   * three messages claimed.
+   */
+  focus?: "requeueRaces" | "duplicateMarks";
   /** Commands per run. @default {16} */
   maxLength?: number;
 }
@@ -158,12 +162,14 @@ export function command(options: CommandOptions): fc.Arbitrary<Command> {
     { weight: 2, arbitrary: fc.constant(1) },
     { weight: 1, arbitrary: fc.integer({ min: 1, max: Math.max(1, options.calls) }) },
   );
-  const plain = options.focus
+  const plain = options.focus === "requeueRaces"
     ? operation(
       actor,
       { enqueue: 3, claim: 4, mark: 4, markMany: 1, requeue: 1, prune: 0 },
       deadlyMarkState,
     )
+    : options.focus === "duplicateMarks"
+    ? operation(actor, { enqueue: 2, claim: 3, mark: 1, markMany: 8, requeue: 1, prune: 0 })
     : operation(actor);
   const choices: Array<fc.WeightedArbitrary<Command>> = [
     { weight: 12, arbitrary: plain },
@@ -184,24 +190,26 @@ export function command(options: CommandOptions): fc.Arbitrary<Command> {
       }),
     },
     {
-      weight: options.focus ? 10 : 4,
+      weight: options.focus === "requeueRaces" ? 10 : 4,
       arbitrary: fc.tuple(actor, fc.integer({ min: 1, max: 2 })).chain(([a, shift]) =>
         fc.record({
           op: fc.constant("overtake" as const),
           at,
-          delay: options.focus
+          delay: options.focus === "requeueRaces"
             ? fc.constantFrom<"pause" | "hold">("hold", "hold", "pause")
             : fc.constantFrom<"pause" | "hold">("pause", "hold"),
           inner: operation(
             fc.constant(a),
-            options.focus ? { ...delayedWeights, mark: 6, claim: 4 } : delayedWeights,
-            options.focus ? deadlyMarkState : markState,
+            options.focus === "requeueRaces"
+              ? { ...delayedWeights, mark: 6, claim: 4 }
+              : delayedWeights,
+            options.focus === "requeueRaces" ? deadlyMarkState : markState,
           ),
           by: operation(
             fc.constant((a + shift) % 3),
             options.known?.requeueRaces
               ? { ...overtakingWeights, requeue: 0 }
-              : options.focus
+              : options.focus === "requeueRaces"
               ? { ...overtakingWeights, requeue: 10 }
               : overtakingWeights,
           ),

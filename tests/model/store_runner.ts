@@ -290,23 +290,22 @@ export class StoreRunner {
           },
           check: (model, observed) => applyMarks(model, marks, observed as boolean[], nowMs, fence),
           legal: (id, before, after) => {
-            // The first mark of this id that applies decides the state it may have reached.
-            let state = before;
+            // Any mark of this id that applies may be the one that did (when a call throws, any
+            // subset of its marks may have been applied).
+            if (!before) return illegal();
+            const m = { messages: new Map([[id, before]]), nextToken: 0 };
             for (const mark of marks) {
-              if (mark.claim.message.id !== id || !state) continue;
-              const m = { messages: new Map([[id, state]]), nextToken: 0 };
-              if (verdict(m, mark, fence) === "applies") {
-                state = {
-                  ...state,
-                  state: mark.state,
-                  updatedMs: nowMs,
-                  dueMs: mark.state === "failed" ? mark.dueMs : undefined,
-                  lease: undefined,
-                };
-                break;
-              }
+              if (mark.claim.message.id !== id || verdict(m, mark, fence) !== "applies") continue;
+              const next: ModelMessage = {
+                ...before,
+                state: mark.state,
+                updatedMs: nowMs,
+                dueMs: mark.state === "failed" ? mark.dueMs : undefined,
+                lease: undefined,
+              };
+              if (sameState(next, after)) return next;
             }
-            return state !== before && sameState(state, after) ? state : illegal();
+            return illegal();
           },
           ids: [],
         };
