@@ -98,9 +98,15 @@ async function runScenario(s: fc.Scheduler, plan: Scenario, faults: boolean): Pr
         storeFaults += 1;
         throw new InjectedFaultError("fail", "markMany");
       }
+      // Applied = the store changed the message from claimed to the mark's state now (a retry
+      // that finds its own earlier mark applied answers true but applies nothing).
+      const before = await Promise.all(marks.map((mark) => store.get(mark.claim.id)));
       const results = await store.markMany(marks, now);
+      const after = await Promise.all(marks.map((mark) => store.get(mark.claim.id)));
       marks.forEach((mark, i) => {
-        if (results[i]) count(applied, `${mark.claim.id}/${mark.claim.attempts}/${mark.state}`);
+        if (results[i] && before[i]?.state === "claimed" && after[i]?.state === mark.state) {
+          count(applied, `${mark.claim.id}/${mark.claim.attempts}/${mark.state}`);
+        }
       });
       await s.schedule(Promise.resolve(), `mark reply (${reply})`);
       if (reply === "lost") {

@@ -87,10 +87,10 @@ const runKnown = Deno.env.get("OUTBOX_MODEL_KNOWN_BUGS") === "1";
 /** Runs per target relative to the budget: cheap stores get more (the stage stays ~1.5 min). */
 const cost = new Map<Target, number>([
   [memoryTarget, 20],
-  [nodeSqliteTarget, 10],
-  [postgresJsTarget, 3],
-  [pgTarget, 3],
-  [natsKvTarget, 2],
+  [nodeSqliteTarget, 5],
+  [postgresJsTarget, 2],
+  [pgTarget, 2],
+  [natsKvTarget, 1.5],
 ]);
 
 for (const target of targets) {

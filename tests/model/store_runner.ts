@@ -70,6 +70,21 @@ export function recordOf(n: number): OutboxRecord {
 
 class Rollback extends Error {}
 
+/** A prepared step as the order check sees it. */
+interface Step {
+  check: (model: Model, observed: unknown) => Model;
+  /** For marks: how many, and a check of the marks `from` .. `to` only. */
+  marks?: number;
+  checkRange?: (model: Model, observed: unknown, from: number, to: number) => Model;
+}
+
+/** Whether the stored message is the model's, due times included. */
+function fits(model: ModelMessage | undefined, stored: OutboxMessage | undefined): boolean {
+  if (!sameState(model, stored)) return false;
+  if (!model || !stored || (model.state !== "claimed" && model.state !== "failed")) return true;
+  return Date.parse(stored.nextAttemptAt ?? "") === model.dueMs;
+}
+
 /** Executes commands on one fresh run of `target`. */
 export class StoreRunner {
   #model: Model = emptyModel();
@@ -164,6 +179,8 @@ export class StoreRunner {
       after: OutboxMessage | undefined,
     ) => ModelMessage | undefined | "illegal";
     ids: string[];
+    marks?: number;
+    checkRange?: (model: Model, observed: unknown, from: number, to: number) => Model;
   }> {
     const instance = this.#instance(operation.actor);
     const store = instance.store;
@@ -289,6 +306,15 @@ export class StoreRunner {
             }
           },
           check: (model, observed) => applyMarks(model, marks, observed as boolean[], nowMs, fence),
+          marks: marks.length,
+          checkRange: (model, observed, from, to) =>
+            applyMarks(
+              model,
+              marks.slice(from, to),
+              (observed as boolean[]).slice(from, to),
+              nowMs,
+              fence,
+            ),
           legal: (id, before, after) => {
             // Any mark of this id that applies may be the one that did (when a call throws, any
             // subset of its marks may have been applied).
@@ -448,7 +474,11 @@ export class StoreRunner {
       );
     }
     this.#log.push(`  ${reached ? "delayed" : "finished first"}`);
-    this.#model = this.#either([first, firstOutcome.value], [second!, secondObserved], reached);
+    this.#model = await this.#either(
+      [first, firstOutcome.value],
+      [second!, secondObserved],
+      reached,
+    );
   }
 
   async #txEnqueue(actor: number, indexes: number[], commit: boolean, by: Operation) {
@@ -486,36 +516,73 @@ export class StoreRunner {
       check: (model: Model) => commit ? applyEnqueue(model, ids, this.#nowMs) : model,
     };
     const txStep = { check: (model: Model, _: unknown) => enqueue.check(model) };
-    this.#model = this.#either([txStep, undefined], [claim, outcome.value], true);
+    this.#model = await this.#either([txStep, undefined], [claim, outcome.value], true);
   }
 
-  /** Accepts the observed results if they fit one of the two serial orders. */
-  #either(
-    a: [{ check: (model: Model, observed: unknown) => Model }, unknown],
-    b: [{ check: (model: Model, observed: unknown) => Model }, unknown],
+  /**
+   * Accepts the observed results if they fit a serial order of the two steps: `a` then `b`, `b`
+   * then `a`, or (stores whose batches are not atomic, NATS KV) `b` between two marks of `a`.
+   * When several orders explain the results, the one that matches what the store holds wins.
+   */
+  async #either(
+    a: [Step, unknown],
+    b: [Step, unknown],
     overlapped: boolean,
-  ): Model {
+  ): Promise<Model> {
     const held = this.#held.map((claims) => [...claims]);
     const log = this.#log.length;
-    const attempt = (order: Array<typeof a>): Model | ModelViolation => {
+    type Part = (model: Model) => Model;
+    const whole = ([step, observed]: [Step, unknown]): Part => (model) =>
+      step.check(model, observed);
+    const orders: Part[][] = [[whole(a), whole(b)]];
+    if (overlapped) {
+      orders.push([whole(b), whole(a)]);
+      const [step, observed] = a;
+      const marks = step.marks ?? 0;
+      if (!this.target.atomicBatches && step.checkRange && marks > 1) {
+        for (let i = 1; i < marks; i++) {
+          orders.push([
+            (model) => step.checkRange!(model, observed, 0, i),
+            whole(b),
+            (model) => step.checkRange!(model, observed, i, marks),
+          ]);
+        }
+      }
+    }
+    const passed: Array<{ model: Model; held: HeldClaim[][]; log: string[] }> = [];
+    const failures: ModelViolation[] = [];
+    for (const order of orders) {
       this.#held = held.map((claims) => [...claims]);
       this.#log.length = log;
       this.#completeClaims = !overlapped;
       try {
-        return order.reduce((model, [step, observed]) => step.check(model, observed), this.#model);
+        const model = order.reduce((current, part) => part(current), this.#model);
+        passed.push({ model, held: this.#held, log: this.#log.slice(log) });
       } catch (error) {
-        if (error instanceof ModelViolation) return error;
-        throw error;
+        if (!(error instanceof ModelViolation)) throw error;
+        failures.push(error);
       } finally {
         this.#completeClaims = true;
       }
-    };
-    const ab = attempt([a, b]);
-    if (!(ab instanceof ModelViolation)) return ab;
-    if (!overlapped) throw ab;
-    const ba = attempt([b, a]);
-    if (!(ba instanceof ModelViolation)) return ba;
-    throw new ModelViolation(`no serial order explains it: ${ab.message} / ${ba.message}`);
+    }
+    if (passed.length === 0) {
+      throw new ModelViolation(
+        `no serial order explains it: ${failures.map((f) => f.message).join(" / ")}`,
+      );
+    }
+    let chosen = passed[0];
+    if (passed.length > 1) {
+      const stored = await this.#observe([]);
+      chosen = passed.find(({ model }) =>
+        [...stored].every(([id, message]) =>
+          fits(model.messages.get(id), message)
+        )
+      ) ?? chosen;
+    }
+    this.#held = chosen.held;
+    this.#log.length = log;
+    this.#log.push(...chosen.log);
+    return chosen.model;
   }
 
   async #observe(extra: readonly string[]): Promise<Map<string, OutboxMessage | undefined>> {
@@ -530,9 +597,13 @@ export class StoreRunner {
     const every = Array.from({ length: idCount }, (_, n) => messageId(n));
     for (const [id, stored] of await this.#observe(every)) {
       const expected = this.#model.messages.get(id);
-      if (!sameState(expected, stored)) {
+      if (!fits(expected, stored)) {
         throw new ModelViolation(
-          `${id} is stored as ${describeStored(stored)}, the model says ${describe(expected)}` +
+          `${id} is stored as ${
+            describeStored(stored)
+          } (due ${stored?.nextAttemptAt}), the model says ${describe(expected)} (due ${
+            expected?.dueMs === undefined ? "-" : new Date(expected.dueMs).toISOString()
+          })` +
             (expected && !stored ? " (committed message lost)" : ""),
         );
       }

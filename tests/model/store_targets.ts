@@ -68,6 +68,11 @@ export interface Target {
   name: string;
   /** Whether transactions (and the rolled-back enqueue command) exist. */
   transactional: boolean;
+  /**
+   * Whether a markMany applies as one step (memory), or in parts another actor may come
+   * between: SQL runs one statement per repetition of an id, NATS KV settles mark by mark.
+   */
+  atomicBatches: boolean;
   /** Whether fault positions past the first call matter (multi-call operations). */
   calls: number;
   /**
@@ -105,6 +110,7 @@ const repositoryCalls = [
 export const memoryTarget: Target = {
   name: "memory",
   transactional: false,
+  atomicBatches: true,
   calls: 1,
   txPeers: "any",
   open() {
@@ -162,6 +168,7 @@ function sqliteTarget<Db extends SqliteHandle>(
   return {
     name,
     transactional: true,
+    atomicBatches: false,
     calls: 1,
     txPeers: "same-connection",
     async open() {
@@ -238,6 +245,7 @@ function postgresTarget(
   return {
     name,
     transactional: true,
+    atomicBatches: false,
     calls: 1,
     txPeers: "any",
     async open() {
@@ -346,6 +354,7 @@ function watchedKv(kv: KV, live: Set<{ revision: number }>): KV {
 export const natsKvTarget: Target = {
   name: "nats kv",
   transactional: false,
+  atomicBatches: false,
   calls: 4,
   txPeers: "any",
   async open() {
