@@ -73,10 +73,24 @@ class Rollback extends Error {}
 /** A prepared step as the order check sees it. */
 interface Step {
   check: (model: Model, observed: unknown) => Model;
-  /** For marks: how many, and a check of the marks `from` .. `to` only. */
-  marks?: number;
-  checkRange?: (model: Model, observed: unknown, from: number, to: number) => Model;
+  /**
+   * For marks and requeues: how many parts (marks, unique ids) another actor may come between
+   * on stores that are not atomic (their parts run concurrently), and a check of some parts.
+   */
+  parts?: number;
+  checkParts?: PartCheck;
+  /** The message of each part: parts of one message keep their input order. */
+  partKeys?: string[];
 }
+
+/** Checks the parts `indexes` of a step (`first` / `last`: the first or last call of a run). */
+type PartCheck = (
+  model: Model,
+  observed: unknown,
+  indexes: number[],
+  first: boolean,
+  last: boolean,
+) => Model;
 
 /** Whether the stored message is the model's, due times included. */
 function fits(model: ModelMessage | undefined, stored: OutboxMessage | undefined): boolean {
@@ -179,8 +193,9 @@ export class StoreRunner {
       after: OutboxMessage | undefined,
     ) => ModelMessage | undefined | "illegal";
     ids: string[];
-    marks?: number;
-    checkRange?: (model: Model, observed: unknown, from: number, to: number) => Model;
+    parts?: number;
+    checkParts?: PartCheck;
+    partKeys?: string[];
   }> {
     const instance = this.#instance(operation.actor);
     const store = instance.store;
@@ -306,12 +321,13 @@ export class StoreRunner {
             }
           },
           check: (model, observed) => applyMarks(model, marks, observed as boolean[], nowMs, fence),
-          marks: marks.length,
-          checkRange: (model, observed, from, to) =>
+          parts: marks.length,
+          partKeys: marks.map((mark) => mark.claim.message.id),
+          checkParts: (model, observed, indexes) =>
             applyMarks(
               model,
-              marks.slice(from, to),
-              (observed as boolean[]).slice(from, to),
+              indexes.map((i) => marks[i]),
+              indexes.map((i) => (observed as boolean[])[i]),
               nowMs,
               fence,
             ),
@@ -345,10 +361,24 @@ export class StoreRunner {
           ...(dead.length === 0 ? [] : operation.picks.map((pick) => dead[pick % dead.length])),
           ...operation.ids.map(messageId),
         ];
+        const unique = [...new Set(ids)];
+        let requeued = 0;
         return {
           label: `#${operation.actor} requeue ${ids.join(",")}`,
           call: () => store.requeue(ids, now),
           check: (model, observed) => applyRequeue(model, ids, nowMs, observed as number),
+          parts: unique.length,
+          partKeys: unique,
+          // Stores that requeue id by id: the count is checked over all parts together.
+          checkParts: (model, observed, indexes, first, last) => {
+            if (first) requeued = 0;
+            const part = indexes.map((i) => unique[i]);
+            requeued += part.filter((id) => model.messages.get(id)?.state === "dead").length;
+            if (last && requeued !== observed) {
+              throw new ModelViolation(`requeue returned ${observed}, ${requeued} were dead`);
+            }
+            return applyRequeue(model, part, nowMs);
+          },
           legal: (id, before, after) =>
             before?.state === "dead" && ids.includes(id) && after?.state === "pending" &&
               after.attempts === 0
@@ -538,13 +568,18 @@ export class StoreRunner {
     if (overlapped) {
       orders.push([whole(b), whole(a)]);
       const [step, observed] = a;
-      const marks = step.marks ?? 0;
-      if (!this.target.atomicBatches && step.checkRange && marks > 1) {
-        for (let i = 1; i < marks; i++) {
+      const parts = step.parts ?? 0;
+      if (!this.target.atomicBatches && step.checkParts && parts > 1) {
+        // Any proper subset of the parts before `b`, the rest after (each in input order).
+        for (let mask = 1; mask < (1 << parts) - 1; mask++) {
+          const before = [...Array(parts).keys()].filter((i) => mask & (1 << i));
+          const after = [...Array(parts).keys()].filter((i) => !(mask & (1 << i)));
+          const keys = step.partKeys ?? [];
+          if (before.some((i) => after.some((j) => j < i && keys[j] === keys[i]))) continue;
           orders.push([
-            (model) => step.checkRange!(model, observed, 0, i),
+            (model) => step.checkParts!(model, observed, before, true, false),
             whole(b),
-            (model) => step.checkRange!(model, observed, i, marks),
+            (model) => step.checkParts!(model, observed, after, false, true),
           ]);
         }
       }
