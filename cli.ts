@@ -56,6 +56,10 @@ export function main(argv: string[]): Promise<number> {
  */
 async function runAsProgram(): Promise<void> {
   const code = await main(process.argv.slice(2));
+  // The command has reported its outcome in one line. A late error from a connection it gave up
+  // on (nats.js' socket reset after a refused login) must not add an uncaught second one.
+  process.on("uncaughtException", () => {});
+  process.on("unhandledRejection", () => {});
   process.exitCode = code;
   setTimeout(() => process.exit(code), 2_000).unref();
 }

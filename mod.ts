@@ -65,12 +65,15 @@ export {
   OutboxDuplicateIdentityError,
   type OutboxFailureKind,
   OutboxPublishError,
+  OutboxSchemaError,
   OutboxStorageConflictError,
   OutboxValidationError,
 } from "./src/core/errors.ts";
 export {
+  defaultMaxPayloadBytes,
   maxOutboxIdBytes,
   maxSubjectBytes,
+  OutboxPayloadTooLargeError,
   outboxRecordKinds,
   validateOutboxRecord,
   validateSubject,
@@ -96,8 +99,17 @@ export {
 export { defaultLeaseMs, toIsoTimestamp } from "./src/core/time.ts";
 export { defaultPruneBatchSize } from "./src/core/limits.ts";
 export { applyMarks } from "./src/core/marks.ts";
+export {
+  type FencedState,
+  type FenceVerdict,
+  fenceVerdict,
+  newClaimToken,
+} from "./src/core/fence.ts";
 export { defaultInboxConsumer, resolveInboxRecordOptions } from "./src/core/inbox.ts";
-export { MemoryOutboxRepository } from "./src/stores/memory/outbox.ts";
+export {
+  MemoryOutboxRepository,
+  type MemoryOutboxRepositoryOptions,
+} from "./src/stores/memory/outbox.ts";
 export { MemoryInboxRepository } from "./src/stores/memory/inbox.ts";
 export { processOnce, type ProcessOnceResult } from "./src/inbox/process_once.ts";
 export {
@@ -146,6 +158,16 @@ export {
 } from "./src/runtime/jetstream.ts";
 export { classifyJetStreamError } from "./src/runtime/jetstream_errors.ts";
 export {
+  defaultPubAckWindow,
+  type PubAck,
+  type PubAckConnection,
+  type PubAckHeaders,
+  PubAckPipeline,
+  pubAckPipelineFor,
+  type PubAckReply,
+  type PubAckSubscription,
+} from "./src/runtime/pub_ack_pipeline.ts";
+export {
   defaultSqlOutboxTables,
   maxSqlTableNameLength,
   type ResolvedSqlOutboxTables,
@@ -179,6 +201,11 @@ export {
   type SqlOutboxMigrationOptions,
 } from "./src/stores/sql/migrations.ts";
 export { SqlOutboxRepository, type SqlOutboxRepositoryOptions } from "./src/stores/sql/outbox.ts";
+export {
+  checkPostgresServer,
+  type CheckPostgresServerOptions,
+  PostgresServerError,
+} from "./src/stores/sql/postgres_probe.ts";
 export { SqlInboxRepository } from "./src/stores/sql/inbox.ts";
 export { createSqlOutboxAdapter, type SqlOutboxAdapter } from "./src/stores/sql/adapter.ts";
 export {

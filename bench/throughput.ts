@@ -9,9 +9,11 @@
  *
  * Options (all optional): `--count=20000` messages per throughput scenario, `--window=256`
  * PubAcks in flight for raw publishing, `--rounds=3` (every scenario runs once per round, rounds
- * interleave, the table shows medians), `--only=a,b,pg,sqlite,kv,memory,otel-api,otel-sdk,
- * latency,rss` (a subset), `--latency-seconds=20`, `--latency-rate=1000`, `--rss-count=100000`,
- * `--no-async-traces` (nats.js connections with `noAsyncTraces: true`), `--limit` and
+ * interleave, the table shows medians), `--only=a,p,b,pg,sqlite,kv,memory,otel-api,otel-sdk,
+ * latency,rss` (a subset), `--latency-seconds=20`, `--latency-rate=1000`, `--latency-rounds=2`
+ * (runs per wake-up mode, alternating which runs first), `--rss-count=100000`,
+ * `--no-async-traces` (nats.js connections with `noAsyncTraces: true`), `--publisher=pipeline|
+ * js.publish` (the runtime's publisher in the dispatcher scenarios), `--limit` and
  * `--max-in-flight` (dispatcher options). BENCH_CHILD_FLAGS passes `deno run` flags to every
  * scenario process (for example `--cpu-prof --cpu-prof-dir=.tmp/prof`).
  *
@@ -61,8 +63,10 @@ const { values: args } = parseArgs({
     only: { type: "string" },
     "latency-seconds": { type: "string", default: "20" },
     "latency-rate": { type: "string", default: "1000" },
+    "latency-rounds": { type: "string", default: "2" },
     "rss-count": { type: "string", default: "100000" },
     "no-async-traces": { type: "boolean", default: false },
+    publisher: { type: "string" },
     limit: { type: "string" },
     "max-in-flight": { type: "string" },
   },
@@ -71,6 +75,8 @@ const count = Number(args.count);
 const window = Number(args.window);
 const rounds = Number(args.rounds);
 const noAsyncTraces = args["no-async-traces"];
+/** The runtime's `publisher` option for the dispatcher scenarios (its default when not given). */
+const publisher = args.publisher;
 /** Dispatcher options for every dispatcher scenario (the library defaults when not given). */
 const dispatcherOptions = {
   limit: args.limit === undefined ? undefined : Number(args.limit),
@@ -231,6 +237,23 @@ async function main(): Promise<void> {
           tag: uniqueName("raw"),
           count,
           window,
+          publisher: "js.publish",
+        };
+        return { file: "raw_publish.ts", config, finish: () => s.verify(count) };
+      },
+    },
+    {
+      id: "p",
+      label: `(p) PubAckPipeline, no store, ${window} PubAcks in flight (the ceiling)`,
+      async prepare() {
+        const s = await stream();
+        const config: RawPublishConfig = {
+          natsUrl: nats,
+          prefix: s.prefix,
+          tag: uniqueName("pipe"),
+          count,
+          window,
+          publisher: "pipeline",
         };
         return { file: "raw_publish.ts", config, finish: () => s.verify(count) };
       },
@@ -368,7 +391,7 @@ async function main(): Promise<void> {
         "-A",
         ...childFlags,
         new URL(`./throughput/${file}`, import.meta.url).pathname,
-        JSON.stringify({ ...dispatcherOptions, ...(config as object), noAsyncTraces }),
+        JSON.stringify({ ...dispatcherOptions, publisher, ...(config as object), noAsyncTraces }),
       ],
       stdout: "piped",
       stderr: "inherit",
@@ -460,50 +483,74 @@ async function main(): Promise<void> {
         "",
         `Commit-to-PubAck latency on Postgres, ${
           fmt(latencyRate)
-        } transactions/s offered (one message each) for ${seconds} s after a 2 s warm-up (ms):`,
+        } transactions/s offered (one message each) for ${seconds} s after a 2 s warm-up; median of ${
+          args["latency-rounds"]
+        } run(s) per mode, alternating which mode runs first (ms):`,
         "",
         "| wake-up | offered msg/s | commit -> PubAck p50 | p90 | p99 | max | commit -> claimed p50 / p99 | claimed -> PubAck p50 / p99 | commit -> marked p50 / p99 |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
       );
+      // Alternating order (notify, listen, then listen, notify, ...): whichever mode runs first
+      // on the fresh database measured slower, so one run of each would compare orders, not
+      // wake paths. The table shows the median of every figure over the rounds.
+      const latencyRounds = Number(args["latency-rounds"]);
+      const byWake = new Map<string, ScenarioResult[]>();
+      for (let round = 0; round < latencyRounds; round++) {
+        const order = round % 2 === 0
+          ? ["notify", "listen"] as const
+          : ["listen", "notify"] as const;
+        for (const wake of order) {
+          const prepared = await postgresOutbox(0);
+          // Flush what earlier runs left in the WAL, so a checkpoint does not land in the
+          // middle of one mode and not the other.
+          await sql.unsafe("CHECKPOINT").catch(() => {});
+          const config: CommitLatencyConfig = {
+            natsUrl: nats,
+            postgresUrl: database.url,
+            tables: prepared.tables,
+            prefix: prepared.prefix,
+            tag: uniqueName("lat"),
+            rate: latencyRate,
+            seconds,
+            warmupSeconds: 2,
+            wake,
+          };
+          const result = await runChild("commit_latency.ts", config);
+          const total = Math.round(latencyRate * (seconds + 2));
+          await prepared.finish(total);
+          const ack = result.commitToAck as Record<string, number>;
+          console.error(
+            `latency round ${round + 1}/${latencyRounds} (${wake}): p50 ${
+              ack.p50.toFixed(1)
+            } ms, p99 ${ack.p99.toFixed(1)} ms, ${total} messages, ${result.claims} claims of ${
+              Number(result.meanClaimed).toFixed(1)
+            } messages on average, ${
+              Number(result.meanClaimMs).toFixed(2)
+            } ms each; commit -> start of its claim p50 ${
+              (result.commitToClaimStarted as Record<string, number>).p50.toFixed(1)
+            } / p99 ${
+              (result.commitToClaimStarted as Record<string, number>).p99.toFixed(1)
+            } ms (load ${loadAverage()})`,
+          );
+          byWake.set(wake, [...(byWake.get(wake) ?? []), result]);
+        }
+      }
       for (const wake of ["notify", "listen"] as const) {
-        const prepared = await postgresOutbox(0);
-        // Flush what the throughput scenarios left in the WAL, so a checkpoint does not land in
-        // the middle of one mode and not the other.
-        await sql.unsafe("CHECKPOINT").catch(() => {});
-        const config: CommitLatencyConfig = {
-          natsUrl: nats,
-          postgresUrl: database.url,
-          tables: prepared.tables,
-          prefix: prepared.prefix,
-          tag: uniqueName("lat"),
-          rate: latencyRate,
-          seconds,
-          warmupSeconds: 2,
-          wake,
-        };
-        const result = await runChild("commit_latency.ts", config);
-        const total = Math.round(latencyRate * (seconds + 2));
-        await prepared.finish(total);
-        const quantiles = (name: string) => result[name] as Record<string, number>;
-        const ack = quantiles("commitToAck");
+        const list = byWake.get(wake) ?? [];
+        if (list.length === 0) continue;
+        const q = (name: string, key: string) =>
+          median(list.map((r) => (r[name] as Record<string, number>)[key]));
         const pair = (name: string) =>
-          `${quantiles(name).p50.toFixed(1)} / ${quantiles(name).p99.toFixed(1)}`;
+          `${q(name, "p50").toFixed(1)} / ${q(name, "p99").toFixed(1)}`;
         const label = wake === "notify"
           ? "`notify()` after COMMIT"
           : "LISTEN/NOTIFY (`notify: true`)";
-        console.error(
-          `latency (${wake}): p50 ${ack.p50.toFixed(1)} ms, p99 ${
-            ack.p99.toFixed(1)
-          } ms, ${total} messages, ${result.claims} claims of ${
-            Number(result.meanClaimed).toFixed(1)
-          } messages on average, ${Number(result.meanClaimMs).toFixed(2)} ms each`,
-        );
         latencyLines.push(
-          `| ${label} | ${fmt(Number(result.offeredRate))} | ${ack.p50.toFixed(1)} | ${
-            ack.p90.toFixed(1)
-          } | ${ack.p99.toFixed(1)} | ${ack.max.toFixed(1)} | ${pair("commitToClaimed")} | ${
-            pair("claimedToAck")
-          } | ${pair("commitToMarked")} |`,
+          `| ${label} | ${fmt(median(list.map((r) => Number(r.offeredRate))))} | ${
+            q("commitToAck", "p50").toFixed(1)
+          } | ${q("commitToAck", "p90").toFixed(1)} | ${q("commitToAck", "p99").toFixed(1)} | ${
+            q("commitToAck", "max").toFixed(1)
+          } | ${pair("commitToClaimed")} | ${pair("claimedToAck")} | ${pair("commitToMarked")} |`,
         );
       }
     }

@@ -1,7 +1,7 @@
 /**
  * Builds the npm package into `npm/`: ESM JavaScript and `.d.ts` compiled by TypeScript's own
  * compiler (pinned below; dnt lives on JSR, which is not reachable everywhere), a package.json
- * derived from deno.json, README and LICENSE.
+ * derived from deno.json, README, docs/ and LICENSE.
  *
  * - Name, version, description, license and `exports` come from deno.json.
  * - Dependencies come from the npm specifiers deno.json maps our bare imports to, as caret ranges
@@ -11,8 +11,8 @@
  *   is a (non-optional) peer, because its global registry only works with the application's copy.
  * - `./cli` (when exported) also becomes the `outbox-nats` executable (`bin/outbox-nats.js`).
  * - The library is compiled against Node's types only, so any use of a Deno global fails the
- *   build, and the emitted files are scanned for what Node 20 cannot run (`Deno.`,
- *   `import.meta.main`, `node:sqlite`, `npm:` / `jsr:` specifiers): no shim is needed, and none
+ *   build, and the emitted files are scanned for what Node 22 cannot run (`Deno.`,
+ *   `import.meta.main`, `node:sqlite`, which Node 22 has only from 22.5, `npm:` / `jsr:` specifiers): no shim is needed, and none
  *   is shipped.
  *
  * Usage: deno run -A scripts/build_npm.ts [--out npm]
@@ -26,7 +26,7 @@ import { fileURLToPath } from "node:url";
 /** Pinned build tools. */
 export const buildTools: Record<string, string> = {
   typescript: "5.9.3",
-  "@types/node": "20.19.43",
+  "@types/node": "22.20.7",
 };
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
@@ -171,6 +171,9 @@ if (config.exports["./cli"]) {
       `import { main } from "../${cliModule}";`,
       "",
       "process.exitCode = await main(process.argv.slice(2));",
+      "// The command reported its outcome; a late error of a connection it gave up on is not news.",
+      'process.on("uncaughtException", () => {});',
+      'process.on("unhandledRejection", () => {});',
       "// Commands close what they open; should anything still hold the event loop, exit anyway.",
       "setTimeout(() => process.exit(), 2_000).unref();",
       "",
@@ -180,7 +183,7 @@ if (config.exports["./cli"]) {
   bin["outbox-nats"] = binFile;
 }
 
-// 3. Nothing Node 20 cannot run, in the JavaScript or the declarations.
+// 3. Nothing Node 22 cannot run, in the JavaScript or the declarations.
 const nodeIncompatible: Array<[RegExp, string]> = [
   [/\bDeno\s*\./, "a Deno global"],
   [/import\.meta\.main\b/, "import.meta.main"],
@@ -190,7 +193,7 @@ const nodeIncompatible: Array<[RegExp, string]> = [
 /**
  * Uses that are guarded at run time, by file: the CLI runs itself when `import.meta.main` is
  * true (undefined, so false, on Node), and loads SQLite with
- * `process.getBuiltinModule("node:sqlite")`, falling back to better-sqlite3 on Node 20.
+ * `process.getBuiltinModule("node:sqlite")`, falling back to better-sqlite3 where it is missing.
  */
 const guarded: Record<string, string[]> = {
   "cli.js": ["import.meta.main"],
@@ -208,7 +211,7 @@ for (const suffix of [".js", ".d.ts"]) {
   }
 }
 if (problems.length > 0) {
-  throw new Error(`the npm build would not run on Node 20:\n  ${problems.join("\n  ")}`);
+  throw new Error(`the npm build would not run on Node 22:\n  ${problems.join("\n  ")}`);
 }
 
 // 4. package.json from deno.json.
@@ -233,12 +236,12 @@ const pkg = {
   description: config.description,
   license: config.license,
   type: "module",
-  engines: { node: ">=20" },
+  engines: { node: ">=22" },
   exports: exportsMap,
   main: exportsMap["."].default,
   ...(Object.keys(bin).length > 0 ? { bin } : {}),
   types: exportsMap["."].types,
-  files: ["**/*.js", "**/*.d.ts", "README.md", "LICENSE"],
+  files: ["**/*.js", "**/*.d.ts", "README.md", "docs/*.md", "LICENSE"],
   sideEffects: false,
   dependencies: Object.fromEntries(runtime.map((n) => [n, rangeOf(n)])),
   peerDependencies: Object.fromEntries(peers.map((n) => [n, rangeOf(n)])),
@@ -246,5 +249,12 @@ const pkg = {
 };
 await Deno.writeTextFile(join(outDir, "package.json"), JSON.stringify(pkg, null, 2) + "\n");
 await Deno.copyFile(join(root, "README.md"), join(outDir, "README.md"));
+// The README links to docs/: ship the pages with it.
+await Deno.mkdir(join(outDir, "docs"), { recursive: true });
+for await (const entry of Deno.readDir(join(root, "docs"))) {
+  if (entry.isFile && entry.name.endsWith(".md")) {
+    await Deno.copyFile(join(root, "docs", entry.name), join(outDir, "docs", entry.name));
+  }
+}
 await Deno.copyFile(join(root, "LICENSE"), join(outDir, "LICENSE"));
 console.log(`built ${pkg.name}@${pkg.version} into ${relative(root, outDir)}/`);

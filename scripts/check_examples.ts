@@ -64,11 +64,11 @@ async function* sourceFiles(dir: string): AsyncGenerator<string> {
   for await (const entry of Deno.readDir(dir)) {
     const path = join(dir, entry.name);
     if (entry.isDirectory) yield* sourceFiles(path);
-    else if (entry.isFile && entry.name.endsWith(".ts")) yield path;
+    else if (entry.isFile && (entry.name.endsWith(".ts") || entry.name.endsWith(".md"))) yield path;
   }
 }
 
-/** The published TypeScript files (deno.json `publish.include`) and README.md. */
+/** The published TypeScript and markdown files (deno.json `publish.include`: README.md, docs/). */
 async function documentedFiles(): Promise<string[]> {
   const config = JSON.parse(await Deno.readTextFile(join(root, "deno.json")));
   const found: string[] = [];

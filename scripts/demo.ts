@@ -11,7 +11,8 @@
  * NATS comes from NATS_URL (default nats://127.0.0.1:4222). If nothing answers there and
  * nats-server is installed, a temporary one is started; otherwise the demo says how to get one.
  *
- * Usage: deno task demo [--orders 2000]
+ * Usage: deno task demo [--orders 2000]. Errors are one line on stderr: exit 2 for a usage error,
+ * 1 for anything else (DEMO_VERBOSE=1 adds the stack).
  *
  * @module
  */
@@ -34,14 +35,47 @@ import {
 } from "../mod.ts";
 import { NatsServer, natsServerBinary } from "../tests/kit/nats_server.ts";
 
-const args = parseArgs({
-  args: Deno.args,
-  options: { orders: { type: "string", default: "2000" } },
-});
-const orderCount = Number(args.values.orders);
-if (!Number.isInteger(orderCount) || orderCount < 1) {
-  console.error("demo: --orders must be a positive integer");
+const usage = "usage: deno task demo [--orders <n>]   (NATS_URL picks the server)";
+let args;
+try {
+  args = parseArgs({
+    args: Deno.args,
+    options: {
+      orders: { type: "string", default: "2000" },
+      help: { type: "boolean", short: "h", default: false },
+    },
+  });
+} catch (error) {
+  // One line and exit 2 for a usage error, never a stack trace.
+  const message = /argument is ambiguous/.test((error as Error).message)
+    ? "--orders must be a positive integer"
+    : (error as Error).message.split("\n")[0];
+  console.error(`demo: ${message}; ${usage}`);
   Deno.exit(2);
+}
+if (args.values.help) {
+  console.log(usage);
+  Deno.exit(0);
+}
+const orderCount = Number(args.values.orders);
+if (!/^\d+$/.test(args.values.orders) || !Number.isSafeInteger(orderCount) || orderCount < 1) {
+  console.error(`demo: --orders must be a positive integer, got "${args.values.orders}"`);
+  Deno.exit(2);
+}
+// Anything unexpected from here on: one line (the stack only with DEMO_VERBOSE=1), exit 1.
+globalThis.addEventListener("unhandledrejection", (event) => {
+  event.preventDefault();
+  fail(event.reason);
+});
+globalThis.addEventListener("error", (event) => {
+  event.preventDefault();
+  fail(event.error);
+});
+function fail(error: unknown): void {
+  const message = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+  console.error(`demo: ${message.split("\n")[0]}`);
+  if (Deno.env.get("DEMO_VERBOSE") && error instanceof Error) console.error(error.stack);
+  void shutdown(1);
 }
 
 const cleanup: Array<() => Promise<unknown> | unknown> = [];
@@ -79,11 +113,18 @@ try {
 cleanup.push(() => nc.close());
 Deno.addSignalListener("SIGINT", () => void shutdown(130));
 
-const jsm = await jetstreamManager(nc);
+let jsm!: Awaited<ReturnType<typeof jetstreamManager>>;
 try {
+  // jetstreamManager() asks the server for its JetStream account info, so it fails here when
+  // JetStream is off.
+  jsm = await jetstreamManager(nc);
   await jsm.getAccountInfo();
-} catch {
-  console.error(`demo: the NATS server at ${natsUrl} does not have JetStream enabled (-js).`);
+} catch (error) {
+  console.error(
+    `demo: the NATS server at ${natsUrl} does not have JetStream enabled (start it with -js): ${
+      (error as Error).message
+    }`,
+  );
   await shutdown(1);
 }
 const js = jetstream(nc);

@@ -1,5 +1,5 @@
 /**
- * A `deno lint` plugin that keeps the published library runnable on Node 20, where the npm build
+ * A `deno lint` plugin that keeps the published library runnable on Node (>= 22), where the npm build
  * runs. It applies to the files deno.json publishes (`publish.include`); tests, benchmarks and
  * scripts may use Deno freely.
  *
@@ -46,7 +46,7 @@ const plugin: Deno.lint.Plugin = {
             if (parent.type === "Property" && parent.key === node && !parent.shorthand) return;
             context.report({
               node,
-              message: "Library code runs on Node 20 too: do not use the Deno namespace.",
+              message: "Library code runs on Node too: do not use the Deno namespace.",
               hint: "Take what you need from the caller, or use a web or node: API.",
             });
           },
@@ -57,7 +57,7 @@ const plugin: Deno.lint.Plugin = {
             ) {
               context.report({
                 node,
-                message: "import.meta.main is Deno-only; library code runs on Node 20 too.",
+                message: "import.meta.main is Deno-only; library code runs on Node too.",
               });
             }
           },
@@ -73,7 +73,7 @@ const plugin: Deno.lint.Plugin = {
               context.report({
                 node,
                 message:
-                  "node:sqlite does not exist on Node 20: take the database from the caller.",
+                  "node:sqlite is missing before Node 22.5 (flagged until 22.13): take the database from the caller.",
               });
             }
           },

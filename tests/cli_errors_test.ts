@@ -24,6 +24,27 @@ function assertOneLineError(result: CliResult, code: number, pattern: RegExp): v
 Deno.test("cli errors: usage errors exit 2 with one line", async () => {
   assertOneLineError(await runCli(["bogus"]), 2, /unknown command "bogus"/);
   assertOneLineError(await runCli(["dead", "purge"]), 2, /unknown command "dead purge"/);
+  assertOneLineError(await runCli(["dead"]), 2, /"dead" needs a subcommand: "dead list"/);
+  assertOneLineError(
+    await runCli(["dead", "list", "--store", "sqlite:x.db", "--limit", "-5"]),
+    2,
+    /--limit: negative values are not accepted, got "-5"$/,
+  );
+  assertOneLineError(
+    await runCli(["requeue", "--store", "sqlite:x.db", "--subject", "orders.>"]),
+    2,
+    /requeue: --subject needs --all-dead \(requeue --all-dead --subject 'orders.>'\)/,
+  );
+  assertOneLineError(
+    await runCli(["relay", "--store", "sqlite:x.db", "--nats", "http://127.0.0.1:8222"]),
+    2,
+    /--nats: "http:\/\/127\.0\.0\.1:8222" is not a NATS URL; use nats:\/\/host:4222/,
+  );
+  assertOneLineError(
+    await runCli(["status", "--store", "nats-kv://b", "--nats", "https://u:pw@host"]),
+    2,
+    /--nats: "https:\/\/u:\*\*\*@host\/?" is not a NATS URL/,
+  );
   assertOneLineError(
     await runCli(["status", "--store", "sqlite:x.db", "--frobnicate"]),
     2,
@@ -126,7 +147,8 @@ Deno.test("cli errors: missing tables, database file and bucket exit 1 and say h
         await natsUrl(),
       ]),
       1,
-      /outbox table "no_such_outbox" does not exist in postgres:\/\/.*; create it with "outbox-nats migrate"/,
+      // The hint repeats the options naming the table, so it can be run as shown.
+      /outbox table "no_such_outbox" does not exist in postgres:\/\/.*; create it with "outbox-nats migrate --store postgres:\/\/\S+ --outbox-table no_such_outbox"$/,
     );
   }
   assertOneLineError(
@@ -152,6 +174,8 @@ Deno.test("cli errors: missing tables, database file and bucket exit 1 and say h
   assertOneLineError(
     await runCli(["dead", "list", "--store", `nats-kv://${bucket}`, "--nats", await natsUrl()]),
     1,
-    new RegExp(`NATS KV bucket "${bucket}" does not exist; create it with "outbox-nats migrate`),
+    new RegExp(
+      `NATS KV bucket "${bucket}" does not exist; create it with "outbox-nats migrate --store nats-kv://${bucket} --nats nats://\\S+"$`,
+    ),
   );
 });

@@ -9,6 +9,7 @@ import { join } from "node:path";
 import { Kvm } from "@nats-io/kv";
 import { jetstreamManager } from "@nats-io/jetstream";
 import postgres from "postgres";
+import { migrate, nodeSqliteExecutor } from "../mod.ts";
 import { runCli } from "./helpers/cli.ts";
 import { connectNats, createTestDatabase, natsUrl, uniqueName } from "./kit/mod.ts";
 import { schemaV1 } from "../src/stores/sql/schema.ts";
@@ -32,22 +33,25 @@ Deno.test("cli migrate postgres: --print lists pending SQL without changing anyt
 
     const printed = await runCli(["migrate", "--print", ...args]);
     assert.equal(printed.code, 0, printed.stderr);
-    assert.match(printed.stdout, /2 pending migration\(s\) for .* version 0 -> 2/);
-    assert.match(printed.stdout, /^-- trellis_sql_outbox_inbox_postgres_v1 \(version 1, fnv1a64:/m);
-    assert.match(printed.stdout, /^-- trellis_sql_outbox_inbox_postgres_v2 \(version 2, fnv1a64:/m);
-    assert.match(printed.stdout, new RegExp(`^CREATE TABLE IF NOT EXISTS ${outbox} \\(`, "m"));
+    // An empty database gets the current schema in one piece, not version 1 plus ALTERs.
+    assert.match(printed.stdout, /has no outbox tables: the current schema \(version 3\)/);
+    assert.match(
+      printed.stdout,
+      new RegExp(`^CREATE TABLE IF NOT EXISTS ${outbox} \\(.*\\bseq\\b.*\\bclaim_token\\b`, "m"),
+    );
+    assert.doesNotMatch(printed.stdout, /ALTER TABLE|_v1 \(version 1/);
     assert.equal(await exists(), false, "--print changed nothing");
 
     const applied = await runCli(["migrate", ...args]);
     assert.equal(applied.code, 0, applied.stderr);
     assert.match(
       applied.stdout,
-      /from version 0 to 2: applied trellis_sql_outbox_inbox_postgres_v1, trellis_sql_outbox_inbox_postgres_v2/,
+      /from version 0 to 3: applied trellis_sql_outbox_inbox_postgres_v1, trellis_sql_outbox_inbox_postgres_v2, trellis_sql_outbox_inbox_postgres_v3/,
     );
     assert.equal(await exists(), true);
 
     const again = await runCli(["migrate", "--print", ...args]);
-    assert.match(again.stdout, /nothing to migrate: .* at version 2/);
+    assert.match(again.stdout, /nothing to migrate: .* at version 3/);
     const status = await runCli(["status", ...args, "--json"]);
     assert.equal(status.code, 0, status.stderr);
     assert.equal(JSON.parse(status.stdout).pending, 0);
@@ -74,20 +78,25 @@ Deno.test("cli migrate postgres: tables made by the reference's DDL are upgraded
 
     const status = await runCli(["status", ...args]);
     assert.equal(status.code, 1);
-    assert.match(status.stderr, /has schema version 1; upgrade it with "outbox-nats migrate"/);
+    assert.match(
+      status.stderr,
+      new RegExp(
+        `has schema version 1; upgrade it with "outbox-nats migrate --store postgres://\\S+ --outbox-table ${outbox} --inbox-table ${outbox}_i"`,
+      ),
+    );
 
     const printed = await runCli(["migrate", "--print", ...args]);
     assert.match(
       printed.stdout,
       /exists without a migration record: "outbox-nats migrate" adopts it at version 1/,
     );
-    assert.match(printed.stdout, /version 1 -> 2/);
+    assert.match(printed.stdout, /version 1 -> 3/);
     assert.doesNotMatch(printed.stdout, /_v1 \(version 1/);
     assert.match(printed.stdout, new RegExp(`^ALTER TABLE ${outbox} ADD COLUMN seq bigint;$`, "m"));
 
     const applied = await runCli(["migrate", ...args]);
     assert.equal(applied.code, 0, applied.stderr);
-    assert.match(applied.stdout, /from version 1 to 2 \(existing tables adopted at version 1\)/);
+    assert.match(applied.stdout, /from version 1 to 3 \(existing tables adopted at version 1\)/);
     assert.equal((await runCli(["status", ...args])).code, 0);
   } finally {
     await sql.end();
@@ -100,23 +109,50 @@ Deno.test("cli migrate sqlite: --print on a missing file, then migrate creates t
     const path = join(dir, "app.db");
     const printed = await runCli(["migrate", "--print", "--store", `sqlite:${path}`]);
     assert.equal(printed.code, 0, printed.stderr);
-    assert.match(printed.stdout, /does not exist: all 2 migrations are pending/);
-    assert.match(printed.stdout, /^CREATE TABLE IF NOT EXISTS trellis_outbox \(/m);
+    assert.match(printed.stdout, /\(it does not exist\) has no outbox tables: the current schema/);
+    assert.match(
+      printed.stdout,
+      /^CREATE TABLE IF NOT EXISTS trellis_outbox \(.*\bseq INTEGER PRIMARY KEY/m,
+    );
+    assert.doesNotMatch(printed.stdout, /ALTER TABLE/);
     await assert.rejects(Deno.stat(path), Deno.errors.NotFound);
 
     const applied = await runCli(["migrate", "--store", `sqlite:${path}`]);
     assert.equal(applied.code, 0, applied.stderr);
-    assert.match(applied.stdout, /from version 0 to 2/);
+    assert.match(applied.stdout, /from version 0 to 3/);
     const db = new DatabaseSync(path);
     try {
       const rows = db.prepare("SELECT version FROM trellis_outbox_migrations ORDER BY version")
         .all() as Array<{ version: number }>;
-      assert.deepEqual(rows.map((row) => Number(row.version)), [1, 2]);
+      assert.deepEqual(rows.map((row) => Number(row.version)), [1, 2, 3]);
     } finally {
       db.close();
     }
     const again = await runCli(["migrate", "--print", "--store", `sqlite:${path}`]);
     assert.match(again.stdout, /nothing to migrate/);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("cli migrate sqlite: the SQL --print shows for an empty database is what migrate adopts", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "outbox-cli-" });
+  try {
+    const path = join(dir, "app.db");
+    const printed = await runCli(["migrate", "--print", "--store", `sqlite:${path}`]);
+    assert.equal(printed.code, 0, printed.stderr);
+    const db = new DatabaseSync(path);
+    try {
+      db.exec(printed.stdout); // what a DBA would run
+    } finally {
+      db.close();
+    }
+    const adopted = await runCli(["migrate", "--store", `sqlite:${path}`]);
+    assert.equal(adopted.code, 0, adopted.stderr);
+    assert.match(
+      adopted.stdout,
+      /at version 2 \(the latest\): nothing to migrate \(existing tables adopted at version 2\)/,
+    );
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
@@ -146,5 +182,29 @@ Deno.test("cli migrate nats-kv: creates the bucket once (--print creates nothing
   } finally {
     await (await new Kvm(nc).open(bucket)).destroy().catch(() => {});
     await nc.close();
+  }
+});
+
+Deno.test("cli: a version 2 outbox is refused by status until migrated to version 3", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "outbox-cli-" });
+  try {
+    const path = join(dir, "app.db");
+    const db = new DatabaseSync(path);
+    try {
+      await migrate(nodeSqliteExecutor(db), { dialect: "sqlite", to: 2 });
+    } finally {
+      db.close();
+    }
+    const store = ["--store", `sqlite:${path}`];
+    const status = await runCli(["status", ...store]);
+    assert.equal(status.code, 1);
+    assert.match(status.stderr, /has schema version 2; upgrade it with "outbox-nats migrate"/);
+    const printed = await runCli(["migrate", "--print", ...store]);
+    assert.match(printed.stdout, /1 pending migration\(s\) for .* version 2 -> 3/);
+    assert.match(printed.stdout, /^ALTER TABLE trellis_outbox ADD COLUMN claim_token TEXT;$/m);
+    assert.equal((await runCli(["migrate", ...store])).code, 0);
+    assert.equal((await runCli(["status", ...store])).code, 0);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
   }
 });

@@ -67,7 +67,7 @@ Deno.test("dispatchOutbox: undecodable and handler-less rows go dead; neighbours
     const [first, , third, fourth] = events(stream.prefix, 4);
     await outbox.enqueueMany([
       first,
-      { ...events(stream.prefix, 1)[0], id: "poison", payload: "{not json" },
+      { ...events(stream.prefix, 1)[0], id: "poison" },
       third,
       {
         id: "job-1",
@@ -79,6 +79,7 @@ Deno.test("dispatchOutbox: undecodable and handler-less rows go dead; neighbours
       },
       fourth,
     ]);
+    outbox.corruptPayloads.add("poison");
     const dead: string[] = [];
     const result = await dispatchOutbox(outbox, createJetStreamRuntime(jetstream(nc)), {
       onDead: (message) => dead.push(message.id),

@@ -307,7 +307,7 @@ Deno.test("dispatcher: whenIdle() resolves once nothing is due; permanent failur
     try {
       for (let round = 0; round < 3; round++) {
         const records = events(stream.prefix, 10);
-        records[3] = { ...records[3], payload: "not json" };
+        outbox.corruptPayloads.add(records[3].id);
         await outbox.enqueueMany(records);
         await dispatcher.whenIdle();
         const states = await Promise.all(records.map((r) => outbox.get(r.id)));
@@ -391,5 +391,50 @@ Deno.test("dispatcher: after stop() it claims nothing more, even while batches a
   async function eventuallyStopped(): Promise<void> {
     while (!stopping) await sleep(5);
     await stopping;
+  }
+});
+
+Deno.test("dispatcher: a notify() while a short batch is being recorded claims at once, without waiting for its marks", async () => {
+  // The commit -> PubAck latency of the in-process wake-up: a message committed while the
+  // previous (short) batch was still being recorded waited for those marks before it was even
+  // claimed. Here the first batch's marks take 1.5 s.
+  const nc = await connectNats();
+  try {
+    await using stream = await createTestStream(nc);
+    const outbox = new InstrumentedOutbox();
+    const markMany = outbox.markMany.bind(outbox);
+    let slowMarks = 1;
+    outbox.markMany = async (marks, now) => {
+      if (slowMarks-- > 0) await sleep(1_500);
+      return markMany(marks, now);
+    };
+    const [first, second] = events(stream.prefix, 2);
+    const acked = new Map<string, number>();
+    const counter = dispatchedCounter(2);
+    const dispatcher = new OutboxDispatcher(
+      outbox,
+      createJetStreamRuntime(jetstream(nc), {
+        onPublished: (event) => acked.set(event.header.id, performance.now()),
+      }),
+      { idleRetryMs: false, onDispatched: counter.onDispatched },
+    );
+    await outbox.enqueue(first);
+    dispatcher.notify();
+    while (!acked.has(first.id)) await sleep(5);
+    await sleep(50); // the first batch is now being recorded (1.5 s)
+    const committed = performance.now();
+    await outbox.enqueue(second);
+    dispatcher.notify();
+    await counter.done;
+    await dispatcher.stop();
+    const waited = acked.get(second.id)! - committed;
+    assert.ok(
+      waited < 1_000,
+      `the second message was published ${waited.toFixed(0)} ms after commit`,
+    );
+    assert.deepEqual(counter.ids.sort(), [first.id, second.id].sort());
+    assert.equal((await streamIds(nc, stream.name)).length, 2);
+  } finally {
+    await nc.close();
   }
 });

@@ -4,6 +4,7 @@
  */
 
 import assert from "node:assert/strict";
+import { DatabaseSync } from "node:sqlite";
 import { AckPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
@@ -13,9 +14,13 @@ import {
   createInboxBucket,
   InboxRetentionError,
   MemoryInboxRepository,
+  migrate,
   NatsKvInboxRepository,
+  nodeSqliteExecutor,
   OutboxValidationError,
   redeliveryHorizonMs,
+  SqlInboxRepository,
+  sqliteTransactionRunner,
 } from "../mod.ts";
 import {
   connectNats,
@@ -305,5 +310,35 @@ Deno.test("a NATS KV inbox plugs in: duplicates suppressed, failures retried", a
     await settled(env.nc, env.stream.name);
   } finally {
     await kv.destroy().catch(() => {});
+  }
+});
+
+Deno.test("with a transaction runner, an inbox not bound to the transaction (no factory) is refused at start", async () => {
+  // Over the runner's own SQLite connection its record() would wait forever for the very
+  // transaction it runs in; over another connection it would commit before the handler ran.
+  await using env = await setup();
+  const dir = await Deno.makeTempDir({ prefix: "outbox_unbound_" });
+  const db = new DatabaseSync(`${dir}/app.db`);
+  try {
+    await migrate(nodeSqliteExecutor(db), { dialect: "sqlite" });
+    const js = jetstream(env.nc);
+    const options = {
+      scope: env.durable,
+      handler: () => Promise.resolve(),
+      transaction: sqliteTransactionRunner(nodeSqliteExecutor(db)),
+      inbox: new SqlInboxRepository(nodeSqliteExecutor(db), "sqlite"),
+    };
+    const started = consumeWithInbox(await js.consumers.get(env.stream.name, env.durable), options);
+    await assert.rejects(
+      started.then(async (running) => {
+        await running.stop();
+        return running;
+      }),
+      (error: unknown) =>
+        error instanceof OutboxValidationError && /function of the transaction/.test(error.message),
+    );
+  } finally {
+    db.close();
+    await Deno.remove(dir, { recursive: true });
   }
 });

@@ -107,3 +107,50 @@ Deno.test("consumeWithInbox with a transaction runner and a memory inbox: a roll
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("consumeWithInbox with a transaction runner and an inbox factory that returns a memory or NATS KV inbox: a rolled-back handler is redelivered and processed", async () => {
+  await withInboxes(async (immediateInbox, name) => {
+    const dir = await Deno.makeTempDir({ prefix: "outbox_immediate_" });
+    const db = new DatabaseSync(`${dir}/app.db`);
+    const nc = await connectNats();
+    try {
+      db.exec("CREATE TABLE effects (id TEXT PRIMARY KEY)");
+      const run = sqliteTransactionRunner(nodeSqliteExecutor(db));
+      await using stream = await createTestStream(nc);
+      await (await jetstreamManager(nc)).consumers.add(stream.name, {
+        durable_name: "worker",
+        ack_policy: AckPolicy.Explicit,
+      });
+      const js = jetstream(nc);
+      await js.publish(`${stream.prefix}.a`, "x", { msgID: "order-1" });
+      const running = await consumeWithInbox(await js.consumers.get(stream.name, "worker"), {
+        scope: "worker",
+        transaction: run,
+        // A factory, as for a SQL inbox, that hands out an inbox writing at once.
+        inbox: (_tx: SqlExecutor) => immediateInbox,
+        nakBackoff: { baseMs: 20, capMs: 100 },
+        handler: async (_message, { tx, messageId, deliveryCount }) => {
+          await (tx as SqlExecutor).query("INSERT INTO effects (id) VALUES (?)", [messageId]);
+          if (deliveryCount === 1) throw new Boom("rolled back with the effect");
+        },
+      });
+      await eventually(
+        () => assert.equal(running.stats.processed + running.stats.duplicates, 1, name),
+        { timeoutMs: 10_000 },
+      );
+      await running.stop();
+      assert.equal(running.stats.failed, 1, name);
+      assert.equal(
+        running.stats.duplicates,
+        0,
+        `${name}: the redelivery was taken for a duplicate`,
+      );
+      assert.deepEqual(db.prepare("SELECT id FROM effects").all().map((r) => r.id), ["order-1"]);
+      assert.equal(await immediateInbox.has!("order-1", { consumer: "worker" }), true, name);
+    } finally {
+      await nc.close();
+      db.close();
+      await Deno.remove(dir, { recursive: true });
+    }
+  });
+});

@@ -1,7 +1,9 @@
 /**
- * Claims must not get slower as dispatched history accumulates. With 200,000 dispatched rows
- * kept, the claim statement must read the partial claim index, not the table: asserted on the
- * plan and on the buffers Postgres actually touched (EXPLAIN ANALYZE, BUFFERS), never on time.
+ * Claims must not get slower as dispatched history accumulates, nor with a backlog of failed
+ * rows waiting for their retry time. With 200,000 dispatched rows kept, or 100,000 failed rows
+ * not yet due, the claim statement must read the partial pending and retry indexes, not the
+ * table or the waiting rows: asserted on the plan and on the buffers Postgres actually touched
+ * (EXPLAIN ANALYZE, BUFFERS), never on time.
  */
 
 import assert from "node:assert/strict";
@@ -71,11 +73,11 @@ Deno.test("postgres: with 200k dispatched rows the claim reads only the claim in
     const buffers = (plan: PlanNode) =>
       (plan["Shared Hit Blocks"] ?? 0) + (plan["Shared Read Blocks"] ?? 0);
 
-    const claim = await explain(statements.claim, [now, lease, 25]);
+    const claim = await explain(statements.claim, [now, lease, 25, "token"]);
     const all = nodes(claim);
     assert.ok(
-      all.some((node) => node["Index Name"] === `${o}_claim_idx`),
-      `the claim uses the partial claim index: ${JSON.stringify(all.map((n) => n["Node Type"]))}`,
+      all.some((node) => node["Index Name"] === `${o}_pending_idx`),
+      `the claim uses the partial pending index: ${JSON.stringify(all.map((n) => n["Node Type"]))}`,
     );
     assert.ok(!all.some((node) => node["Node Type"] === "Seq Scan"), "no sequential scan");
     assert.equal(claim["Actual Rows"], 25);
@@ -83,8 +85,9 @@ Deno.test("postgres: with 200k dispatched rows the claim reads only the claim in
     // Finding and locking the 25 rows reads a few index pages and their heap pages; the rest of
     // the statement is per claimed row (primary key probe, new row versions, index entries). A
     // scan of the history would touch thousands of pages (the table has ~8,000).
-    const locking = all.find((node) => node["Node Type"] === "LockRows")!;
-    assert.ok(buffers(locking) < 100, `finding the rows touched ${buffers(locking)} buffers`);
+    const locking = all.filter((node) => node["Node Type"] === "LockRows")
+      .reduce((sum, node) => sum + buffers(node), 0);
+    assert.ok(locking < 100, `finding the rows touched ${locking} buffers`);
     assert.ok(claimBuffers < 1_000, `the claim touched ${claimBuffers} buffers`);
 
     // The reference's claim shape on the same table, for comparison (not asserted).
@@ -104,6 +107,7 @@ Deno.test("postgres: with 200k dispatched rows the claim reads only the claim in
       id,
       attempts: 0,
       lease: null,
+      token: "token",
       state: "dispatched",
       error: null,
       next: null,
@@ -149,7 +153,7 @@ Deno.test("postgres: a claim of 500 on a table of 20k pending rows probes rows b
       await sql.begin(async (tx) => {
         const [row] = await tx.unsafe(
           `EXPLAIN (ANALYZE, FORMAT JSON) ${statements.claim}`,
-          [now, lease, limit] as never[],
+          [now, lease, limit, "token"] as never[],
         );
         plan = (row["QUERY PLAN"] as Array<{ Plan: PlanNode }>)[0].Plan;
         throw new Rollback();
@@ -191,7 +195,11 @@ Deno.test("sqlite: with 200k dispatched rows the claim reads only the covering c
       );
     const claim = plan(statements.claim);
     assert.ok(
-      claim.some((detail) => detail.includes("USING COVERING INDEX trellis_outbox_claim_idx")),
+      claim.some((detail) => detail.includes("USING COVERING INDEX trellis_outbox_pending_idx")),
+      claim.join(" | "),
+    );
+    assert.ok(
+      claim.some((detail) => detail.includes("trellis_outbox_retry_idx")),
       claim.join(" | "),
     );
     assert.ok(
@@ -219,6 +227,104 @@ Deno.test("sqlite: with 200k dispatched rows the claim reads only the covering c
       "2022-01-01T00:00:00.000Z",
       "2022-01-01T00:00:30.000Z",
       3,
+      "token",
+    ]);
+    assert.deepEqual(rows.map((row) => row.id).sort(), ["l-1", "l-2", "l-3"]);
+  } finally {
+    db.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+const backlog = 100_000;
+
+Deno.test("postgres: with 100k failed rows waiting for their retry time the claim reads none of them", async () => {
+  const sql = postgres(await postgresUrl(), { max: 1, onnotice: () => {} });
+  const tables = uniqueTables();
+  const executor = postgresJsExecutor(sql);
+  try {
+    await migrate(executor, { dialect: "postgres", tables });
+    const o = tables.outbox;
+    // The backlog is older (lower seq) than the live rows, as after a long outage of one stream.
+    await sql.unsafe(
+      `INSERT INTO ${o} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at, next_attempt_at, last_error)
+       SELECT 'f-' || g, 'event.publish', 'bench', 'bench.s', repeat('x', 160), '{}'::jsonb, 'failed', 3,
+              now() - interval '1 hour', now(), now() + interval '1 hour' + g * interval '1 ms', 'busy'
+       FROM generate_series(1, ${backlog}) AS g`,
+    );
+    await sql.unsafe(
+      `INSERT INTO ${o} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at)
+       SELECT 'l-' || g, 'event.publish', 'bench', 'bench.s', repeat('x', 160), '{}'::jsonb, 'pending', 0, now(), now()
+       FROM generate_series(1, ${live}) AS g`,
+    );
+    await sql.unsafe(`VACUUM ANALYZE ${o}`);
+    const statements = outboxStatements("postgres", resolveSqlOutboxTables(tables), false);
+    const now = new Date(Date.now() + 1_000).toISOString();
+    const lease = new Date(Date.now() + 31_000).toISOString();
+    let plan: PlanNode | undefined;
+    await sql.begin(async (tx) => {
+      const [row] = await tx.unsafe(
+        `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ${statements.claim}`,
+        [now, lease, 25, "token"] as never[],
+      );
+      plan = (row["QUERY PLAN"] as Array<{ Plan: PlanNode }>)[0].Plan;
+      throw new Rollback();
+    }).catch((error) => {
+      if (!(error instanceof Rollback)) throw error;
+    });
+    const all = nodes(plan!);
+    assert.equal(plan!["Actual Rows"], 25);
+    assert.ok(!all.some((node) => node["Node Type"] === "Seq Scan"), "no sequential scan");
+    assert.ok(
+      all.some((node) => node["Index Name"] === `${o}_retry_idx`),
+      `the due retries come from the retry index: ${
+        JSON.stringify(all.map((n) => n["Index Name"]))
+      }`,
+    );
+    const filtered = all.reduce((sum, node) => sum + (node["Rows Removed by Filter"] ?? 0), 0);
+    assert.ok(filtered < 100, `the claim filtered out ${filtered} rows (waiting retries read)`);
+    const locking = all.filter((node) => node["Node Type"] === "LockRows")
+      .reduce(
+        (sum, node) => sum + (node["Shared Hit Blocks"] ?? 0) + (node["Shared Read Blocks"] ?? 0),
+        0,
+      );
+    assert.ok(locking < 100, `finding the rows touched ${locking} buffers`);
+    console.log(
+      `claim of 25 with ${backlog} failed rows waiting: finding the rows touched ${locking} buffers`,
+    );
+  } finally {
+    await dropPostgresTables(executor, tables);
+    await sql.end();
+  }
+});
+
+Deno.test("sqlite: with 100k failed rows waiting for their retry time the claim reads none of them", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "outbox_plan_" });
+  const db = openSqlite(`${dir}/app.db`);
+  try {
+    const executor = nodeSqliteExecutor(db);
+    await migrate(executor, { dialect: "sqlite" });
+    db.exec(`WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ${backlog})
+      INSERT INTO trellis_outbox (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at, next_attempt_at)
+      SELECT 'f-' || n, 'event.publish', 'bench', 'bench.s', 'x', '{}', 'failed', 3,
+             '2021-01-01T00:00:00.000Z', '2021-01-01T00:00:00.000Z', '2030-01-01T00:00:00.000Z' FROM g`);
+    db.exec(`WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ${live})
+      INSERT INTO trellis_outbox (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at)
+      SELECT 'l-' || n, 'event.publish', 'bench', 'bench.s', 'x', '{}', 'pending', 0,
+             '2021-01-01T00:00:00.000Z', '2021-01-01T00:00:00.000Z' FROM g`);
+    db.exec("ANALYZE");
+    const statements = outboxStatements("sqlite", resolveSqlOutboxTables(), false);
+    const plan = db.prepare(`EXPLAIN QUERY PLAN ${statements.claim}`).all().map((row) =>
+      String((row as { detail: string }).detail)
+    );
+    assert.ok(plan.some((d) => d.includes("trellis_outbox_retry_idx")), plan.join(" | "));
+    assert.ok(plan.some((d) => d.includes("trellis_outbox_pending_idx")), plan.join(" | "));
+    assert.ok(!plan.some((detail) => /^SCAN trellis_outbox$/.test(detail)), plan.join(" | "));
+    const rows = await executor.query(statements.claim, [
+      "2022-01-01T00:00:00.000Z",
+      "2022-01-01T00:00:30.000Z",
+      3,
+      "token",
     ]);
     assert.deepEqual(rows.map((row) => row.id).sort(), ["l-1", "l-2", "l-3"]);
   } finally {

@@ -49,10 +49,11 @@ Deno.test("version 1 artifacts are byte-identical to the reference's", () => {
 Deno.test("artifacts are frozen, versioned and checksummed", () => {
   for (const dialect of ["postgres", "sqlite"] as const) {
     const migrations = getSqlOutboxMigrations({ dialect });
-    assert.deepEqual(migrations.map((m) => m.version), [1, 2]);
+    assert.deepEqual(migrations.map((m) => m.version), [1, 2, 3]);
     assert.deepEqual(migrations.map((m) => m.id), [
       `trellis_sql_outbox_inbox_${dialect}_v1`,
       `trellis_sql_outbox_inbox_${dialect}_v2`,
+      `trellis_sql_outbox_inbox_${dialect}_v3`,
     ]);
     for (const migration of migrations) {
       assert.ok(Object.isFrozen(migration) && Object.isFrozen(migration.up));
@@ -181,8 +182,11 @@ for (const dialect of dialects) {
       const result = await migrate(executor, { dialect, tables });
       assert.deepEqual(result, {
         from: 1,
-        to: 2,
-        applied: [`trellis_sql_outbox_inbox_${dialect}_v2`],
+        to: 3,
+        applied: [
+          `trellis_sql_outbox_inbox_${dialect}_v2`,
+          `trellis_sql_outbox_inbox_${dialect}_v3`,
+        ],
         reverted: [],
         adopted: true,
       });
@@ -248,8 +252,8 @@ for (const dialect of dialects) {
 
       // Idempotent.
       assert.deepEqual(await migrate(executor, { dialect, tables }), {
-        from: 2,
-        to: 2,
+        from: 3,
+        to: 3,
         applied: [],
         reverted: [],
         adopted: false,
@@ -259,13 +263,14 @@ for (const dialect of dialects) {
     }
   });
 
-  Deno.test(`${dialect}: migrate on an empty database applies v1 and v2 and records them`, async () => {
+  Deno.test(`${dialect}: migrate on an empty database applies v1, v2 and v3 and records them`, async () => {
     const db = await openDb(dialect);
     try {
       const result = await migrate(db.executor, { dialect, tables: db.tables });
       assert.deepEqual(result.applied, [
         `trellis_sql_outbox_inbox_${dialect}_v1`,
         `trellis_sql_outbox_inbox_${dialect}_v2`,
+        `trellis_sql_outbox_inbox_${dialect}_v3`,
       ]);
       assert.equal(result.adopted, false);
       const rows = await db.executor.query(
@@ -297,7 +302,7 @@ for (const dialect of dialects) {
       const columns = await columnNames(db, db.tables.outbox);
       assert.ok(columns.includes("seq"), "the refused downgrade changed nothing");
       await db.executor.query(
-        `UPDATE ${db.tables.outbox}_migrations SET version = 3 WHERE version = 2`,
+        `UPDATE ${db.tables.outbox}_migrations SET version = 4 WHERE version = 2`,
         [],
       );
       await assert.rejects(migrate(db.executor, { dialect, tables: db.tables }), {
@@ -326,7 +331,7 @@ for (const dialect of dialects) {
     }
   });
 
-  Deno.test(`${dialect}: the fresh schema DDL equals v1+v2 migrated and is adopted as v2`, async () => {
+  Deno.test(`${dialect}: the fresh schema DDL equals v1+v2+v3 migrated and is adopted as v3`, async () => {
     const migrated = await openDb(dialect);
     const fresh = await openDb(dialect);
     try {
@@ -339,7 +344,7 @@ for (const dialect of dialects) {
       }
       assert.deepEqual(await catalog(fresh), await catalog(migrated));
       const result = await migrate(fresh.executor, { dialect, tables: fresh.tables });
-      assert.deepEqual(result, { from: 2, to: 2, applied: [], reverted: [], adopted: true });
+      assert.deepEqual(result, { from: 3, to: 3, applied: [], reverted: [], adopted: true });
     } finally {
       await migrated.close();
       await fresh.close();
@@ -372,7 +377,10 @@ for (const dialect of dialects) {
 
       await executor.query(`DELETE FROM ${tables.inbox} WHERE consumer = 'billing'`, []);
       const result = await migrate(executor, { dialect, tables, to: 1 });
-      assert.deepEqual(result.reverted, [`trellis_sql_outbox_inbox_${dialect}_v2`]);
+      assert.deepEqual(result.reverted, [
+        `trellis_sql_outbox_inbox_${dialect}_v3`,
+        `trellis_sql_outbox_inbox_${dialect}_v2`,
+      ]);
       assert.deepEqual(
         new Set(await columnNames(db, tables.outbox)),
         new Set(
@@ -398,8 +406,72 @@ for (const dialect of dialects) {
       // And up again.
       assert.deepEqual((await migrate(executor, { dialect, tables })).applied, [
         `trellis_sql_outbox_inbox_${dialect}_v2`,
+        `trellis_sql_outbox_inbox_${dialect}_v3`,
       ]);
       assert.equal((await outbox.get("c"))?.state, "pending");
+    } finally {
+      await db.close();
+    }
+  });
+
+  Deno.test(`${dialect}: a version 2 database with claims in flight is upgraded to v3 in place and back`, async () => {
+    const db = await openDb(dialect);
+    try {
+      const { executor, tables } = db;
+      await migrate(executor, { dialect, tables, to: 2 });
+      // A version 2 repository's rows: the claim is made with version 2 SQL (no claim_token).
+      const base = { kind: "event.publish" as const, name: "n", subject: "s.a", payload: "{}" };
+      const p = (n: number) => dialect === "postgres" ? `$${n}` : `?${n}`;
+      const cast = dialect === "postgres" ? "::timestamptz" : "";
+      const now = new Date();
+      const lease = new Date(now.getTime() + 30_000).toISOString();
+      for (const id of ["a", "b", "c"]) {
+        await executor.query(
+          `INSERT INTO ${tables.outbox} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at) VALUES (${
+            p(1)
+          }, 'event.publish', 'n', 's.a', '{}', '{}', 'pending', 0, ${p(2)}${cast}, ${
+            p(2)
+          }${cast})`,
+          [id, now.toISOString()],
+        );
+      }
+      await executor.query(
+        `UPDATE ${tables.outbox} SET state = 'claimed', attempts = 1, next_attempt_at = ${
+          p(1)
+        }${cast} WHERE id = 'a'`,
+        [lease],
+      );
+      const result = await migrate(executor, { dialect, tables });
+      assert.deepEqual(result.applied, [`trellis_sql_outbox_inbox_${dialect}_v3`]);
+      const outbox = new SqlOutboxRepository(executor, dialect, tables);
+      const held = await outbox.get("a");
+      assert.equal(held?.state, "claimed");
+      assert.equal(held?.claimToken, undefined, "claimed before v3: no token");
+      // The version 2 claim still settles with its version 2 fence.
+      assert.equal(
+        await outbox.markDispatched({ id: "a", attempts: 1, nextAttemptAt: lease }, now),
+        true,
+      );
+      const [b] = await outbox.claimDue(1, now);
+      assert.equal(b.id, "b");
+      assert.equal(typeof b.claimToken, "string");
+      // Down to v2 keeps every row; the claim then settles with the v2 fence.
+      assert.deepEqual((await migrate(executor, { dialect, tables, to: 2 })).reverted, [
+        `trellis_sql_outbox_inbox_${dialect}_v3`,
+      ]);
+      assert.ok(!(await columnNames(db, tables.outbox)).includes("claim_token"));
+      const rows = await executor.query(
+        `SELECT id, state, attempts FROM ${tables.outbox} ORDER BY id`,
+        [],
+      );
+      assert.deepEqual(rows.map((r) => [r.id, r.state, Number(r.attempts)]), [
+        ["a", "dispatched", 1],
+        ["b", "claimed", 1],
+        ["c", "pending", 0],
+      ]);
+      await migrate(executor, { dialect, tables });
+      assert.equal(await outbox.markDispatched({ ...b, claimToken: undefined }, now), true);
+      void base;
     } finally {
       await db.close();
     }
@@ -413,8 +485,8 @@ Deno.test("postgres: concurrent migrate calls serialise on the advisory lock", a
       migrate(db.executor, { dialect: "postgres", tables: db.tables }),
       migrate(db.other, { dialect: "postgres", tables: db.tables }),
     ]);
-    assert.deepEqual(results.map((r) => r.applied.length).sort(), [0, 2]);
-    assert.deepEqual(results.map((r) => r.to), [2, 2]);
+    assert.deepEqual(results.map((r) => r.applied.length).sort(), [0, 3]);
+    assert.deepEqual(results.map((r) => r.to), [3, 3]);
   } finally {
     await db.close();
   }

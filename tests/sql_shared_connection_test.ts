@@ -290,3 +290,158 @@ Deno.test("pg.Client: consumeWithInbox with concurrency 2, handler A fails and B
     await client.end();
   }
 });
+
+Deno.test("node:sqlite: a BEGIN issued by other code between the library's wait and its statement is still never joined", async () => {
+  // The queue's next entry checks the connection, then runs: any await between the two lets
+  // other code (here: whoever awaited the previous library transaction, a few ticks later)
+  // open a transaction that the library's statement would then join.
+  for (let ticks = 0; ticks < 6; ticks++) {
+    await withSqlite(async (db) => {
+      db.exec("CREATE TABLE effects (id TEXT PRIMARY KEY)");
+      const service = nodeSqliteExecutor(db);
+      const relay = nodeSqliteExecutor(db);
+      let open!: () => void;
+      const gate = new Promise<void>((resolve) => open = resolve);
+      const first = service.transaction!(() => gate);
+      const statement = relay.query("INSERT INTO effects (id) VALUES ('statement')", []);
+      const transaction = relay.transaction!(async (tx) => {
+        await tx.query("INSERT INTO effects (id) VALUES ('transaction')", []);
+      });
+      const foreign = (async () => {
+        await first;
+        for (let i = 0; i < ticks; i++) await null;
+        try {
+          db.exec("BEGIN");
+        } catch {
+          return; // the library's own transaction was open: nothing to test at this tick
+        }
+        await sleep(10);
+        db.exec("ROLLBACK");
+      })();
+      open();
+      await statement;
+      await transaction;
+      await foreign;
+      assert.deepEqual(
+        db.prepare("SELECT id FROM effects ORDER BY id").all().map((row) => row.id),
+        ["statement", "transaction"],
+        `after ${ticks} ticks: the library's writes ran inside the foreign transaction`,
+      );
+    });
+  }
+});
+
+Deno.test("pg.Client: transaction() never nests in a BEGIN the caller sent just before it (still in flight)", async () => {
+  await using db = await postgresDatabase();
+  const client = new pg.Client({ connectionString: db.url });
+  await client.connect();
+  client.on("notice", () => {});
+  try {
+    const executor = pgExecutor(client);
+    let open!: () => void;
+    const gate = new Promise<void>((resolve) => open = resolve);
+    const first = executor.transaction!(() => gate);
+    const library = executor.transaction!(async (tx) => {
+      await tx.query("INSERT INTO effects (id) VALUES ($1)", ["library"]);
+    });
+    // The caller's own transaction starts as soon as the first library transaction ended: its
+    // BEGIN is on the wire when the next library transaction looks at the connection.
+    const caller = (async () => {
+      await first;
+      await client.query("BEGIN");
+      await client.query("INSERT INTO effects (id) VALUES ('caller')");
+      await sleep(30);
+      await client.query("ROLLBACK");
+    })();
+    open();
+    await Promise.all([library, caller]);
+    assert.deepEqual(
+      await db.effects(),
+      ["library"],
+      "the library's COMMIT committed the caller's transaction, which it then could not roll back",
+    );
+  } finally {
+    await client.end();
+  }
+});
+
+Deno.test("node:sqlite: callers queued behind a foreign transaction that does not end each fail within openTransactionTimeoutMs, not one after another", async () => {
+  await withSqlite(async (db) => {
+    const executor = nodeSqliteExecutor(db, { openTransactionTimeoutMs: 150 });
+    db.exec("BEGIN IMMEDIATE");
+    try {
+      const started = Date.now();
+      const failedAfter = await Promise.all(
+        [1, 2, 3, 4, 5].map(async (i) => {
+          const call = i % 2
+            ? executor.query("SELECT 1", [])
+            : executor.transaction!(() => sleep(1));
+          await assert.rejects(call, SqlForeignTransactionError);
+          return Date.now() - started;
+        }),
+      );
+      // Waiting in the queue for the same foreign transaction counts: the fifth caller must not
+      // wait five timeouts (a stuck transaction would grow the queue without bound).
+      assert.ok(Math.max(...failedAfter) < 450, `failed after ${failedAfter.join(", ")} ms`);
+    } finally {
+      db.exec("ROLLBACK");
+    }
+    // A caller arriving once the transaction ended is not failed by the old clock.
+    assert.deepEqual((await executor.query("SELECT 1 AS one", [])).map((row) => row.one), [1]);
+  });
+});
+
+Deno.test('node:sqlite: a "join" executor enqueues inside the caller\'s transaction at once, even while a relay statement waits for that transaction', async () => {
+  await withSqlite(async (db) => {
+    const relay = new SqlOutboxRepository(
+      nodeSqliteExecutor(db, { openTransactionTimeoutMs: 2_000 }),
+      "sqlite",
+    );
+    const service = nodeSqliteExecutor(db, { openTransaction: "join" });
+    db.exec("BEGIN IMMEDIATE");
+    let claimed: Promise<string[]>;
+    let enqueueMs: number;
+    try {
+      claimed = relay.claimDue(10, new Date()).then((claims) => claims.map((c) => c.id));
+      claimed.catch(() => {}); // awaited below
+      await sleep(5); // the claim is queued, waiting for this transaction to end
+      const started = Date.now();
+      await new SqlOutboxRepository(service, "sqlite").enqueue(record("joined"));
+      await service.transaction!(async (tx) => {
+        await new SqlOutboxRepository(tx, "sqlite").enqueue(record("joined-savepoint"));
+      });
+      enqueueMs = Date.now() - started;
+    } finally {
+      db.exec("COMMIT");
+    }
+    assert.ok(enqueueMs < 500, `the enqueue waited ${enqueueMs} ms behind the relay's claim`);
+    assert.deepEqual((await claimed).sort(), ["joined", "joined-savepoint"]);
+  });
+});
+
+Deno.test("pg.Client: statements in the caller's own BEGIN run at once, even while a library transaction waits for it", async () => {
+  await using db = await postgresDatabase();
+  const client = new pg.Client({ connectionString: db.url });
+  await client.connect();
+  try {
+    const consumer = pgExecutor(client, { openTransactionTimeoutMs: 2_000 });
+    await client.query("BEGIN");
+    let inbox: Promise<unknown>;
+    let enqueueMs: number;
+    try {
+      inbox = consumer.transaction!((tx) => new SqlInboxRepository(tx, "postgres").record("evt-1"));
+      inbox.catch(() => {}); // awaited below
+      await sleep(5); // the inbox transaction is queued, waiting for this BEGIN to end
+      const started = Date.now();
+      await new SqlOutboxRepository(pgExecutor(client), "postgres").enqueue(record("mine"));
+      enqueueMs = Date.now() - started;
+    } finally {
+      await client.query("COMMIT");
+    }
+    assert.ok(enqueueMs < 500, `the enqueue waited ${enqueueMs} ms behind the inbox transaction`);
+    await inbox;
+    assert.deepEqual(await db.inbox(), ["evt-1"]);
+  } finally {
+    await client.end();
+  }
+});

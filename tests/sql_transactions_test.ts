@@ -306,9 +306,17 @@ Deno.test("stale claims are fenced across connections (postgres and sqlite)", as
       ], later),
       [false, false],
     );
-    // Same attempts, wrong lease: still fenced.
+    // The stale claim's token: fenced whatever else matches.
     assert.equal(
-      await b.markDispatched({ ...fresh[0], nextAttemptAt: stale[0].nextAttemptAt }, later),
+      await b.markDispatched({ ...fresh[0], claimToken: stale[0].claimToken }, later),
+      false,
+    );
+    // Without a token, same attempts, wrong lease: still fenced.
+    assert.equal(
+      await b.markDispatched(
+        { id: fresh[0].id, attempts: fresh[0].attempts, nextAttemptAt: stale[0].nextAttemptAt },
+        later,
+      ),
       false,
     );
     assert.deepEqual(

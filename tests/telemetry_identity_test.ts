@@ -142,3 +142,46 @@ Deno.test("identity ignores exactly the configured propagator's fields on every 
     propagation.disable();
   }
 });
+
+Deno.test("contextHeaders given as a one-shot iterator counts for every record of an enqueueMany, on every store", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "outbox_ident_" });
+  const db = openSqlite(`${dir}/app.db`);
+  const sql = postgres(await postgresUrl(), { max: 2, onnotice: () => {} });
+  const tables = uniqueTables();
+  const nc = await connectNats();
+  const kv = await createOutboxBucket(new Kvm(nc), uniqueName("kvo"));
+  const kvOutbox = new NatsKvOutboxRepository(kv);
+  try {
+    const sqlite = nodeSqliteExecutor(db);
+    await migrate(sqlite, { dialect: "sqlite" });
+    await migrate(postgresJsExecutor(sql), { dialect: "postgres", tables });
+    const stores: [string, OutboxRepository][] = [
+      ["memory", new MemoryOutboxRepository()],
+      ["sqlite", new SqlOutboxRepository(sqlite, "sqlite")],
+      ["postgres", new SqlOutboxRepository(postgresJsExecutor(sql), "postgres", tables)],
+      ["nats kv", kvOutbox],
+    ];
+    for (const [name, outbox] of stores) {
+      const id = uniqueName("iter");
+      await outbox.enqueue(record(id, { tenant: "t1", b3: "trace-1" }));
+      // A stored duplicate and an in-batch duplicate: the names are needed more than once.
+      const stored = await outbox.enqueueMany(
+        [
+          record(id, { tenant: "t1", b3: "trace-2" }),
+          record(`${id}-b`, { tenant: "t1", b3: "trace-2" }),
+          record(`${id}-b`, { tenant: "t1", b3: "trace-3" }),
+        ],
+        { contextHeaders: new Set(["b3"]).values() },
+      );
+      assert.equal(stored[0].headers.b3, "trace-1", name);
+    }
+  } finally {
+    await kvOutbox.close();
+    await kv.destroy().catch(() => {});
+    await nc.close();
+    await dropPostgresTables(postgresJsExecutor(sql), tables);
+    await sql.end();
+    db.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+});

@@ -53,6 +53,11 @@ export interface ClaimBenchOptions {
   full: OutboxRepository;
   /** How many dispatched messages `full` keeps. */
   history: number;
+  /**
+   * An outbox with the live messages after a backlog of `count` failed messages waiting for their
+   * retry time (stores whose claim cost could grow with it).
+   */
+  backlog?: { outbox: OutboxRepository; count: number };
   /** Iterations per bench (the same for both, so both see the same churn). @default {200} */
   n?: number;
   /** Warm-up iterations. @default {20} */
@@ -67,18 +72,19 @@ export interface ClaimBenchOptions {
  * iterations; the medians show the cost of the history itself.
  */
 export async function registerClaimBenches(options: ClaimBenchOptions): Promise<void> {
-  const { store, empty, full, history } = options;
-  // Warm both outboxes (and the JIT) before anything is timed, so the first bench of the file
+  const { store, empty, full, history, backlog } = options;
+  // Warm the outboxes (and the JIT) before anything is timed, so the first bench of the file
   // does not pay for it.
-  for (const outbox of [empty, full, empty, full]) {
+  const all = backlog ? [empty, full, backlog.outbox] : [empty, full];
+  for (const outbox of [...all, ...all]) {
     for (let i = 0; i < 50; i++) await claimAndPutBack(outbox, 25);
   }
-  const rows: Array<{ limit: number; empty: number[]; full: number[] }> = [];
+  const rows: Array<{ limit: number; empty: number[]; full: number[]; backlog: number[] }> = [];
   for (const limit of claimBatchSizes) {
     const group = `${store} claim ${limit}`;
     const n = options.n ?? iterations(limit);
     const warmup = options.warmup ?? 20;
-    const row = { limit, empty: [] as number[], full: [] as number[] };
+    const row = { limit, empty: [] as number[], full: [] as number[], backlog: [] as number[] };
     rows.push(row);
     Deno.bench({
       name: `${store} claim ${limit}, empty history`,
@@ -95,22 +101,39 @@ export async function registerClaimBenches(options: ClaimBenchOptions): Promise<
       warmup,
       fn: async (b) => await claimAndPutBack(full, limit, b, row.full),
     });
+    if (backlog) {
+      Deno.bench({
+        name: `${store} claim ${limit}, ${backlog.count.toLocaleString("en")} retries waiting`,
+        group,
+        n,
+        warmup,
+        fn: async (b) => await claimAndPutBack(backlog.outbox, limit, b, row.backlog),
+      });
+    }
   }
   globalThis.addEventListener("unload", () => {
+    const waiting = backlog ? `, and vs ${backlog.count.toLocaleString("en")} retries waiting` : "";
     const lines = [
       "",
       `${store}: median claim time, empty history vs ${
         history.toLocaleString("en")
-      } dispatched (target: ratio <= 1.25)`,
+      } dispatched${waiting} (target: ratio <= 1.25)`,
       "",
-      "| batch | empty (ms) | with history (ms) | ratio of medians |",
-      "| ---: | ---: | ---: | ---: |",
+      backlog
+        ? "| batch | empty (ms) | with history (ms) | ratio | with retry backlog (ms) | ratio |"
+        : "| batch | empty (ms) | with history (ms) | ratio of medians |",
+      backlog ? "| ---: | ---: | ---: | ---: | ---: | ---: |" : "| ---: | ---: | ---: | ---: |",
     ];
     for (const row of rows) {
       if (row.empty.length === 0 || row.full.length === 0) continue;
       const a = median(row.empty);
       const b = median(row.full);
-      lines.push(`| ${row.limit} | ${a.toFixed(3)} | ${b.toFixed(3)} | ${(b / a).toFixed(2)}x |`);
+      let line = `| ${row.limit} | ${a.toFixed(3)} | ${b.toFixed(3)} | ${(b / a).toFixed(2)}x |`;
+      if (backlog && row.backlog.length > 0) {
+        const c = median(row.backlog);
+        line += ` ${c.toFixed(3)} | ${(c / a).toFixed(2)}x |`;
+      }
+      lines.push(line);
     }
     console.log(lines.join("\n"));
   });

@@ -87,6 +87,25 @@ export async function seedPostgresHistory(
   );
 }
 
+/**
+ * Inserts `count` failed rows waiting for their retry time (due in a day) in ONE statement: the
+ * backlog a service builds up while one stream refuses writes. Older than anything enqueued
+ * afterwards.
+ */
+export async function seedPostgresRetryBacklog(
+  sql: postgres.Sql,
+  table: string,
+  count: number,
+): Promise<void> {
+  await sql.unsafe(
+    `INSERT INTO ${table} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at, next_attempt_at, last_error)
+     SELECT 'wait-' || g, 'event.publish', 'order.created', 'bench.s' || (g % ${subjectCount}),
+            ${historyPayloadSql("g")}, '{}'::jsonb, 'failed', 3,
+            now() - interval '1 hour', now() - interval '1 minute', now() + interval '1 day' + g * interval '1 ms', 'retryable: busy'
+     FROM generate_series(1, ${count}) AS g`,
+  );
+}
+
 /** A JSON payload of about {@linkcode payloadBytes} bytes for row `g` (SQL expression). */
 export function historyPayloadSql(g: string): string {
   const fixed = `{"type":"order.created","orderId":,"customerId":"c-","note":""}`.length;

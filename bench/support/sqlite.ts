@@ -52,3 +52,26 @@ export function seedSqliteHistory(db: DatabaseSync, table: string, count: number
     throw error;
   }
 }
+
+/**
+ * Inserts `count` failed rows waiting for their retry time (due in a day) in one statement: the
+ * backlog a service builds up while one stream refuses writes.
+ */
+export function seedSqliteRetryBacklog(db: DatabaseSync, table: string, count: number): void {
+  db.exec("BEGIN IMMEDIATE");
+  try {
+    db.prepare(
+      `WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ?1)
+       INSERT INTO ${table} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at, next_attempt_at, last_error)
+       SELECT 'wait-' || n, 'event.publish', 'order.created', 'bench.s' || (n % ${subjectCount}),
+              '{"orderId":' || n || '}', '{}', 'failed', 3,
+              strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 hours'), strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 minutes'),
+              strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+1 days', '+' || (n / 1000.0) || ' seconds'), 'retryable: busy'
+       FROM g`,
+    ).run(count);
+    db.exec("COMMIT");
+  } catch (error) {
+    db.exec("ROLLBACK");
+    throw error;
+  }
+}

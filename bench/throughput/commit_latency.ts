@@ -37,6 +37,8 @@ export interface CommitLatencyConfig {
   seconds: number;
   warmupSeconds: number;
   wake: "notify" | "listen";
+  /** The runtime's `publisher` option. */
+  publisher?: "pipeline" | "js.publish";
 }
 
 /** The `q` quantile (0..1) of sorted `values`, nearest rank. */
@@ -58,6 +60,7 @@ if (import.meta.main) {
   const markedAt = new Float64Array(total);
 
   const runtime = createJetStreamRuntime(jetstream(nc), {
+    publisher: config.publisher,
     onPublished: (event) => {
       const k = index.get(event.header.id);
       if (k !== undefined) ackedAt[k] = performance.now();
@@ -65,6 +68,7 @@ if (import.meta.main) {
   });
   // Claim times too, to split the latency into "waiting to be claimed" and "claimed to PubAck".
   const claimedAt = new Float64Array(total);
+  const claimStartedAt = new Float64Array(total);
   const repository = new SqlOutboxRepository(postgresJsExecutor(relay), "postgres", config.tables);
   const claimDue = repository.claimDue.bind(repository);
   let claims = 0;
@@ -79,7 +83,10 @@ if (import.meta.main) {
     const at = performance.now();
     for (const message of claimed) {
       const k = index.get(message.id);
-      if (k !== undefined && claimedAt[k] === 0) claimedAt[k] = at;
+      if (k !== undefined && claimedAt[k] === 0) {
+        claimedAt[k] = at;
+        claimStartedAt[k] = began;
+      }
     }
     return claimed;
   };
@@ -147,14 +154,19 @@ if (import.meta.main) {
   const toMark: number[] = [];
   const toClaim: number[] = [];
   const claimToAck: number[] = [];
+  const toClaimStart: number[] = [];
   for (let k = first; k < total; k++) {
     if (ackedAt[k] === 0 || markedAt[k] === 0) throw new Error(`message ${k} was not dispatched`);
     toAck.push(ackedAt[k] - committedAt[k]);
     toMark.push(markedAt[k] - committedAt[k]);
     toClaim.push(claimedAt[k] - committedAt[k]);
     claimToAck.push(ackedAt[k] - claimedAt[k]);
+    // Negative: the claim that took it had started before COMMIT returned to the producer.
+    toClaimStart.push(claimStartedAt[k] - committedAt[k]);
   }
-  for (const list of [toAck, toMark, toClaim, claimToAck]) list.sort((a, b) => a - b);
+  for (const list of [toAck, toMark, toClaim, claimToAck, toClaimStart]) {
+    list.sort((a, b) => a - b);
+  }
   const summary = (values: number[]) => ({
     p50: quantile(values, 0.5),
     p90: quantile(values, 0.9),
@@ -170,6 +182,7 @@ if (import.meta.main) {
     commitToAck: summary(toAck),
     commitToMarked: summary(toMark),
     commitToClaimed: summary(toClaim),
+    commitToClaimStarted: summary(toClaimStart),
     claims,
     meanClaimed: claimedTotal / claims,
     meanClaimMs: claimMs / claims,

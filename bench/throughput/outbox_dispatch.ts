@@ -37,6 +37,8 @@ export interface OutboxDispatchConfig {
   natsUrl: string;
   /** nats.js `noAsyncTraces` connection option (no stack captured per request). */
   noAsyncTraces?: boolean;
+  /** The runtime's `publisher` option. */
+  publisher?: "pipeline" | "js.publish";
   store: "postgres" | "sqlite" | "nats-kv" | "memory";
   count: number;
   telemetry: "off" | "api" | "sdk";
@@ -92,7 +94,9 @@ if (import.meta.main) {
     }
   }
 
-  let runtime: OutboxRuntime = createJetStreamRuntime(jetstream(nc));
+  let runtime: OutboxRuntime = createJetStreamRuntime(jetstream(nc), {
+    publisher: config.publisher,
+  });
   let sdk: BenchOtelSdk | undefined;
   let hooks = {};
   if (config.telemetry !== "off") {

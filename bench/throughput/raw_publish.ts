@@ -1,13 +1,16 @@
 /**
- * Scenario (a): raw JetStream publishing, the broker-side limit. `count` messages (the same
- * payloads, subjects and `Nats-Msg-Id`s as the outbox scenarios) published with `js.publish`,
- * at most `window` PubAcks awaited at once.
+ * Scenarios (a) and (p): raw JetStream publishing with no store. `count` messages (the same
+ * payloads, subjects and `Nats-Msg-Id`s as the outbox scenarios), at most `window` PubAcks
+ * awaited at once, published with `js.publish` (a) or with the library's `PubAckPipeline` (p,
+ * the ceiling for the dispatcher: one reply subscription, no per-message request machinery).
  *
  * @module
  */
 
 import { jetstream } from "@nats-io/jetstream";
+import { headers } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
+import { PubAckPipeline } from "../../mod.ts";
 import { payload, subject } from "../support/records.ts";
 import { readConfig, report, timed } from "./child.ts";
 
@@ -20,12 +23,22 @@ export interface RawPublishConfig {
   tag: string;
   count: number;
   window: number;
+  /** `js.publish` (a) or `pipeline` (p). @default {"js.publish"} */
+  publisher?: "js.publish" | "pipeline";
 }
 
 if (import.meta.main) {
   const config = readConfig<RawPublishConfig>();
   const nc = await connect({ servers: config.natsUrl, noAsyncTraces: config.noAsyncTraces });
   const js = jetstream(nc);
+  const pipeline = new PubAckPipeline(nc, { window: config.window });
+  const publish = config.publisher === "pipeline"
+    ? (subject: string, payload: string, id: string) => {
+      const h = headers();
+      h.set("Nats-Msg-Id", id);
+      return pipeline.publish(subject, payload, h, 5_000);
+    }
+    : (subject: string, payload: string, id: string) => js.publish(subject, payload, { msgID: id });
   // Payloads are built before the clock starts, as the outbox scenarios read them from a store.
   const payloads = Array.from({ length: config.count }, (_, i) => payload(i));
   let next = 0;
@@ -33,7 +46,7 @@ if (import.meta.main) {
     const worker = async () => {
       while (next < config.count) {
         const i = next++;
-        await js.publish(subject(config.prefix, i), payloads[i], { msgID: `${config.tag}-${i}` });
+        await publish(subject(config.prefix, i), payloads[i], `${config.tag}-${i}`);
       }
     };
     await Promise.all(Array.from({ length: config.window }, worker));

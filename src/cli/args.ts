@@ -8,6 +8,8 @@
 import process from "node:process";
 import { parseArgs } from "node:util";
 import { CliUsageError } from "./errors.ts";
+import { checkedNatsServers } from "./nats.ts";
+import { natsSecurity, natsSecurityOptions } from "./nats_auth.ts";
 import { parseDuration } from "./format.ts";
 import { parseStoreUrl } from "./store_url.ts";
 import type { StoreSettings } from "./store.ts";
@@ -110,8 +112,9 @@ export const storeOptions: Record<string, OptionSpec> = {
     type: "string",
     value: "<url>",
     env: "OUTBOX_NATS_URL",
-    description: "NATS server(s), comma-separated: holds a nats-kv:// store",
+    description: "NATS server(s), comma-separated: nats://host:4222 or tls://host:4222",
   },
+  ...natsSecurityOptions,
 };
 
 /** The options of a command including the shared ones. */
@@ -146,7 +149,7 @@ export function parseCommand(
   } catch (error) {
     const message = error instanceof Error ? error.message : String(error);
     throw new CliUsageError(
-      `${spec.name}: ${message.replace(/\. To specify a positional.*$/s, "")}`,
+      `${spec.name}: ${message.replace(/\. To specify a positional.*$/s, "").split("\n")[0]}`,
     );
   }
   const values: OptionValues = { ...parsed.values };
@@ -177,9 +180,18 @@ function expandOptionalValues(
       break;
     }
     const name = arg.startsWith("--") ? arg.slice(2) : undefined;
+    const next = argv[i + 1];
+    if (
+      name !== undefined && options[name]?.type === "string" && !options[name].optionalValue &&
+      next !== undefined && /^-\d/.test(next)
+    ) {
+      // parseArgs would call it an ambiguous option; no option of ours takes a negative number.
+      throw new CliUsageError(
+        `--${name}: negative values are not accepted, got ${JSON.stringify(next)}`,
+      );
+    }
     const optional = name !== undefined ? options[name]?.optionalValue : undefined;
     if (optional) {
-      const next = argv[i + 1];
       if (next !== undefined && optional.accepts(next)) {
         out.push(`${arg}=${next}`);
         i += 1;
@@ -275,6 +287,7 @@ export function storeSettings(
       "no store given: pass --store <url> (or set OUTBOX_STORE_URL), e.g. --store postgres://localhost/app",
     );
   }
+  const natsUrl = checkedNatsUrl(stringValue(values, "nats"));
   return {
     target: parseStoreUrl(url, stringValue(values, "bucket")),
     tables: {
@@ -282,9 +295,17 @@ export function storeSettings(
       inbox: stringValue(values, "inbox-table"),
       migrations: stringValue(values, "migrations-table"),
     },
-    natsUrl: stringValue(values, "nats"),
+    natsUrl,
+    // Read only when NATS is used: a command on a SQL store ignores NATS settings.
+    natsSecurity: natsUrl === undefined ? undefined : natsSecurity(values, natsUrl),
     client,
   };
+}
+
+/** `--nats` checked before anything connects (a usage error for `http://...`). */
+function checkedNatsUrl(url: string | undefined): string | undefined {
+  if (url !== undefined) checkedNatsServers(url);
+  return url;
 }
 
 /** A command the CLI runs: its declaration and what it does. */

@@ -125,6 +125,7 @@ export function formatTable(
 
 /** A store or server URL with its password replaced by `***`, for output and errors. */
 export function redactUrl(url: string): string {
+  if (/^(nats|tls|wss?):/i.test(url.trim())) return redactNatsUrl(url);
   try {
     const parsed = new URL(url);
     if (parsed.password === "") return url;
@@ -133,4 +134,20 @@ export function redactUrl(url: string): string {
   } catch {
     return url.replace(/\/\/([^:/@]+):[^@/]*@/, "//$1:***@");
   }
+}
+
+/**
+ * A NATS server URL (or a comma-separated list) with its credentials hidden: a password, and a
+ * user name that stands alone (NATS reads `nats://<token>@host` as a token).
+ */
+export function redactNatsUrl(url: string): string {
+  return url.split(",").map((one) => {
+    const text = one.trim();
+    const match = /^([A-Za-z][A-Za-z0-9+.-]*:\/\/)?([^@/]*)@(.*)$/s.exec(text);
+    if (!match) return text;
+    const [, scheme = "", auth, rest] = match;
+    const colon = auth.indexOf(":");
+    const shown = colon < 0 ? "***" : `${auth.slice(0, colon)}:***`;
+    return `${scheme}${shown}@${rest}`;
+  }).join(",");
 }

@@ -51,8 +51,13 @@ function findCommand(argv: readonly string[]): { command: Command; rest: string[
   const [first, second] = argv;
   if (first === "dead") {
     if (second === "list") return { command: deadListCommand, rest: argv.slice(2) };
-    if (second === undefined || second === "--help" || second === "-h") {
+    if (second === "--help" || second === "-h") {
       return { command: deadListCommand, rest: ["--help"] };
+    }
+    if (second === undefined || second.startsWith("-")) {
+      throw new CliUsageError(
+        `"dead" needs a subcommand: "dead list" (see outbox-nats dead list --help)`,
+      );
     }
     throw new CliUsageError(
       `unknown command "dead ${second}"; did you mean "dead list"? (see outbox-nats --help)`,

@@ -11,8 +11,12 @@ import { Kvm } from "@nats-io/kv";
 import { jetstreamManager } from "@nats-io/jetstream";
 import {
   createOutboxBucket,
+  createPostgresOutboxSchema,
+  createSqliteOutboxSchema,
   getSqlOutboxMigrations,
   migrate,
+  type ResolvedSqlOutboxTables,
+  type SqlDialect,
   type SqlOutboxMigration,
 } from "../../mod.ts";
 import { type Command, integerValue, storeSettings } from "./args.ts";
@@ -54,12 +58,36 @@ export function formatMigrations(migrations: readonly SqlOutboxMigration[]): str
   ).join("\n\n") + "\n";
 }
 
+/**
+ * For a database without the tables: the current schema in one piece (what a fresh database
+ * needs), rather than every migration from version 1. `outbox-nats migrate` adopts tables made
+ * this way at the latest version.
+ */
+export function formatFreshSchema(
+  dialect: SqlDialect,
+  tables: ResolvedSqlOutboxTables,
+  label: string,
+): string {
+  const latest = getSqlOutboxMigrations({ dialect, tables }).length;
+  const ddl = dialect === "postgres"
+    ? createPostgresOutboxSchema(tables)
+    : createSqliteOutboxSchema(tables);
+  return `-- ${label} has no outbox tables: the current schema (version ${latest}).\n` +
+    `-- "outbox-nats migrate" creates the same and records it in ${tables.migrations}; run after\n` +
+    `-- these statements, it adopts the tables at version ${latest}.\n\n` +
+    ddl.map((statement) => `${statement};`).join("\n") + "\n";
+}
+
 async function printPending(db: SqlDatabase, io: CliIo, label: string): Promise<void> {
   const artifacts = getSqlOutboxMigrations({ dialect: db.dialect, tables: db.tables });
   let current = await recordedVersion(db);
   let note = "";
   if (current === 0) {
     const shape = await outboxSchemaVersion(db);
+    if (shape === 0) {
+      io.out(formatFreshSchema(db.dialect, db.tables, label));
+      return;
+    }
     if (shape > 0) {
       current = shape;
       note =
@@ -140,10 +168,8 @@ export const migrateCommand: Command = {
       }
     }
     if (print && target.kind === "sqlite" && !existsSync(target.path)) {
-      const artifacts = getSqlOutboxMigrations({ dialect: "sqlite", tables: sqlTables(settings) });
       io.out(
-        `-- ${target.path} does not exist: all ${artifacts.length} migrations are pending.\n\n` +
-          formatMigrations(artifacts),
+        formatFreshSchema("sqlite", sqlTables(settings), `${target.path} (it does not exist)`),
       );
       return 0;
     }

@@ -205,7 +205,11 @@ export const relayCommand: Command = {
       let nc: NatsConnection;
       if (store.nats) nc = store.nats;
       else {
-        nc = await connectNats(natsUrl, { name: "outbox-nats relay", reconnectForever: true });
+        nc = await connectNats(natsUrl, {
+          name: "outbox-nats relay",
+          reconnectForever: true,
+          security: settings.natsSecurity,
+        });
         closers.push(() => nc.close());
       }
       return await runRelay(io, {

@@ -93,14 +93,16 @@ export const requeueCommand: Command = {
     const settings = storeSettings(values, "outbox-nats requeue");
     const all = values["all-dead"] === true;
     const pattern = stringValue(values, "subject");
+    if (pattern !== undefined && !all) {
+      throw new CliUsageError(
+        `requeue: --subject needs --all-dead (requeue --all-dead --subject '${pattern}')`,
+      );
+    }
     if (all && positionals.length > 0) {
       throw new CliUsageError("requeue: give message ids or --all-dead, not both");
     }
     if (!all && positionals.length === 0) {
       throw new CliUsageError("requeue: give the ids of dead messages, or --all-dead");
-    }
-    if (pattern !== undefined && !all) {
-      throw new CliUsageError("requeue: --subject only applies with --all-dead");
     }
     const matches = pattern === undefined ? () => true : subjectMatcher(pattern);
     const batchSize = integerValue(values, "batch-size", 500);

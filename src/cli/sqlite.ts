@@ -1,6 +1,6 @@
 /**
  * Opening a SQLite file for the CLI: `node:sqlite` (Deno, Node >= 22.5), else `better-sqlite3`
- * when the project has it installed (Node 20), else a clear error saying what to install.
+ * when the project has it installed (Node before 22.5), else a clear error saying what to install.
  *
  * @module
  */
@@ -45,7 +45,7 @@ function loadNodeSqlite(): NodeSqliteModule | undefined {
   }
 }
 
-/** `better-sqlite3` from the user's project (Node 20), loaded only when node:sqlite is missing. */
+/** `better-sqlite3` from the user's project (Node without node:sqlite), loaded only when node:sqlite is missing. */
 function loadBetterSqlite3(): BetterSqlite3Module | undefined {
   try {
     const load = createRequire(import.meta.url);
@@ -60,10 +60,14 @@ function loadBetterSqlite3(): BetterSqlite3Module | undefined {
  * Opens `path`. Unless `create` is set, a missing file is an error rather than a new, empty
  * database. Sets `busy_timeout` so the CLI waits for the service's write transactions.
  */
-export function openSqlite(path: string, create: boolean): OpenedSqlite {
+export function openSqlite(
+  path: string,
+  create: boolean,
+  hint = `"outbox-nats migrate --store sqlite:${path}"`,
+): OpenedSqlite {
   if (!create && !existsSync(path)) {
     throw new CliError(
-      `SQLite database ${path} does not exist (create it and its tables with "outbox-nats migrate")`,
+      `SQLite database ${path} does not exist (create it and its tables with ${hint})`,
     );
   }
   const nodeSqlite = loadNodeSqlite();

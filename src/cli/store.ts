@@ -10,6 +10,7 @@ import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import postgres from "postgres";
 import {
+  checkPostgresServer,
   createOutboxBucket,
   listenForOutboxWakeups,
   NatsKvOutboxRepository,
@@ -22,7 +23,9 @@ import {
   SqlOutboxRepository,
 } from "../../mod.ts";
 import { CliError, CliUsageError, describeError } from "./errors.ts";
+import { redactNatsUrl } from "./format.ts";
 import { connectNats } from "./nats.ts";
+import type { NatsSecurity } from "./nats_auth.ts";
 import { openSqlite } from "./sqlite.ts";
 import type { StoreTarget } from "./store_url.ts";
 import { resolveSqlOutboxTables } from "../stores/sql/tables.ts";
@@ -35,6 +38,8 @@ export interface StoreSettings {
   tables: { outbox?: string; inbox?: string; migrations?: string };
   /** `--nats`: required for `nats-kv://`. */
   natsUrl?: string;
+  /** Credentials and TLS for `natsUrl` (`--nats-creds`, `--nats-tls-ca`, ...). */
+  natsSecurity?: NatsSecurity;
   /** Who connects (shown to the database / NATS server). */
   client: string;
   /** Connections for Postgres. @default {1} */
@@ -96,7 +101,7 @@ export async function openSqlDatabase(
   const target = settings.target;
   const tables = sqlTables(settings);
   if (target.kind === "sqlite") {
-    const db = openSqlite(target.path, create);
+    const db = openSqlite(target.path, create, migrateHint(settings));
     return {
       dialect: "sqlite",
       executor: db.executor,
@@ -105,6 +110,14 @@ export async function openSqlDatabase(
     };
   }
   if (target.kind !== "postgres") throw new Error(`not a SQL store: ${target.kind}`);
+  try {
+    // postgres.js waits forever on a server that answers in another protocol (NATS's 4222).
+    await checkPostgresServer(target.url, { timeoutMs: 10_000 });
+  } catch (error) {
+    throw new CliError(`cannot connect to Postgres at ${target.label}: ${describeError(error)}`, {
+      cause: error,
+    });
+  }
   const sql = postgres(target.url, {
     max: settings.poolSize ?? 1,
     connect_timeout: 10,
@@ -127,7 +140,7 @@ export async function openSqlDatabase(
 
 /**
  * The schema version the outbox table has: 0 when it does not exist, 1 without the `seq`
- * column (the reference's DDL), 2 with it.
+ * column (the reference's DDL), 2 with it, 3 with `claim_token` too.
  */
 export async function outboxSchemaVersion(db: SqlDatabase): Promise<number> {
   const table = db.tables.outbox;
@@ -138,7 +151,25 @@ export async function outboxSchemaVersion(db: SqlDatabase): Promise<number> {
     )
     : await db.executor.query("SELECT name FROM pragma_table_info(?1)", [table]);
   if (rows.length === 0) return 0;
-  return rows.some((row) => String(row.name).toLowerCase() === "seq") ? 2 : 1;
+  const has = (column: string) => rows.some((row) => String(row.name).toLowerCase() === column);
+  return has("claim_token") ? 3 : has("seq") ? 2 : 1;
+}
+
+/**
+ * The `outbox-nats migrate` command line that creates or upgrades this store, repeating the
+ * options that name it (tables, `--nats`), so the hint can be run as shown.
+ */
+export function migrateHint(settings: StoreSettings): string {
+  const parts = ["outbox-nats migrate", "--store", settings.target.label];
+  const { outbox, inbox, migrations } = settings.tables;
+  if (settings.target.kind !== "nats-kv") {
+    if (outbox) parts.push("--outbox-table", outbox);
+    if (inbox) parts.push("--inbox-table", inbox);
+    if (migrations) parts.push("--migrations-table", migrations);
+  } else {
+    parts.push("--nats", settings.natsUrl ? redactNatsUrl(settings.natsUrl) : "<url>");
+  }
+  return `"${parts.join(" ")}"`;
 }
 
 /** Opens the store for a command that reads or changes messages (everything but migrate). */
@@ -151,12 +182,16 @@ export async function openStore(settings: StoreSettings): Promise<OpenedStore> {
     const where = `${target.label}`;
     if (version === 0) {
       throw new CliError(
-        `outbox table "${db.tables.outbox}" does not exist in ${where}; create it with "outbox-nats migrate"`,
+        `outbox table "${db.tables.outbox}" does not exist in ${where}; create it with ${
+          migrateHint(settings)
+        }`,
       );
     }
-    if (version === 1) {
+    if (version < 3) {
       throw new CliError(
-        `outbox table "${db.tables.outbox}" in ${where} has schema version 1; upgrade it with "outbox-nats migrate"`,
+        `outbox table "${db.tables.outbox}" in ${where} has schema version ${version}; upgrade it with ${
+          migrateHint(settings)
+        }`,
       );
     }
   } catch (error) {
@@ -196,6 +231,7 @@ export async function connectStoreNats(settings: StoreSettings): Promise<NatsCon
   return await connectNats(settings.natsUrl, {
     name: settings.client,
     reconnectForever: settings.reconnectForever,
+    security: settings.natsSecurity,
   });
 }
 
@@ -203,7 +239,7 @@ async function openKvStore(settings: StoreSettings, bucket: string): Promise<Ope
   const nc = await connectStoreNats(settings);
   let outbox: NatsKvOutboxRepository;
   try {
-    await requireBucket(nc, bucket);
+    await requireBucket(nc, bucket, migrateHint(settings));
     outbox = new NatsKvOutboxRepository(await createOutboxBucket(new Kvm(nc), bucket));
   } catch (error) {
     await nc.close().catch(() => {});
@@ -233,14 +269,18 @@ async function openKvStore(settings: StoreSettings, bucket: string): Promise<Ope
 }
 
 /** Rejects with a clear error when the bucket's stream does not exist. */
-export async function requireBucket(nc: NatsConnection, bucket: string): Promise<void> {
+export async function requireBucket(
+  nc: NatsConnection,
+  bucket: string,
+  hint = `"outbox-nats migrate --store nats-kv://${bucket} --nats <url>"`,
+): Promise<void> {
   const jsm = await jetstreamManager(nc);
   try {
     await jsm.streams.info(`KV_${bucket}`);
   } catch (error) {
     if (/stream not found/i.test(describeError(error))) {
       throw new CliError(
-        `NATS KV bucket "${bucket}" does not exist; create it with "outbox-nats migrate --store nats-kv://${bucket}"`,
+        `NATS KV bucket "${bucket}" does not exist; create it with ${hint}`,
       );
     }
     throw error;

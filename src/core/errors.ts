@@ -172,3 +172,54 @@ export function errorMessage(error: unknown): string {
     return String(error);
   }
 }
+
+/**
+ * The database's outbox or inbox table is missing or older than this library needs (an
+ * unmigrated database, or one a previous version created). Thrown by the SQL stores in place of
+ * the driver's "no such table" / "no such column" error; run `migrate()` (or
+ * `outbox-nats migrate`) to fix it.
+ *
+ * @example
+ * ```ts
+ * import { OutboxSchemaError } from "@outbox/nats";
+ * const error = new OutboxSchemaError("trellis_outbox", 1, 2);
+ * console.log(error.table, error.foundVersion, error.requiredVersion);
+ * console.log(error.message); // "... is at schema version 1; this library needs version 2 ..."
+ * ```
+ */
+export class OutboxSchemaError extends Error {
+  /** The table the failed statement used. */
+  readonly table: string;
+  /**
+   * The schema version found: 0 when the table does not exist, `undefined` when it could not be
+   * read (for example inside a Postgres transaction the failed statement aborted).
+   */
+  readonly foundVersion: number | undefined;
+  /** The schema version this library needs. */
+  readonly requiredVersion: number;
+  /** Creates the error; `options.detail` (the driver's message) is appended in parentheses. */
+  constructor(
+    table: string,
+    foundVersion: number | undefined,
+    requiredVersion: number,
+    options: ErrorOptions & { detail?: string } = {},
+  ) {
+    const found = foundVersion === 0
+      ? `Table ${table} does not exist (schema version 0)`
+      : foundVersion === undefined
+      ? `Table ${table} has an older schema than this library's (version not readable)`
+      : foundVersion < requiredVersion
+      ? `Table ${table} is at schema version ${foundVersion}`
+      : `Table ${table} records schema version ${foundVersion} but lacks what that version has (changed outside migrate()?)`;
+    const detail = options.detail === undefined ? "" : ` (${options.detail})`;
+    super(
+      `${found}; this library needs version ${requiredVersion}. Run migrate() or ` +
+        `\`outbox-nats migrate\` (with the same table names) first${detail}`,
+      options,
+    );
+    this.name = "OutboxSchemaError";
+    this.table = table;
+    this.foundVersion = foundVersion;
+    this.requiredVersion = requiredVersion;
+  }
+}

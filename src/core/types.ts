@@ -146,17 +146,54 @@ export interface OutboxMessage extends OutboxRecord {
   lastError?: string;
   /** The job outcome stored by `markDispatched` for job kinds. */
   outcome?: JsonValue;
+  /**
+   * The fencing token of the message's latest claim: written fresh by every `claimDue` (an
+   * opaque string, unique per message and claim) and kept after the claim is settled, so a
+   * retried mark can tell "already applied by this claim" from "superseded". Absent until the
+   * message is first claimed. See {@linkcode OutboxClaim}.
+   */
+  claimToken?: string;
 }
 
 /**
- * The fencing token of a claim: a `markDispatched` / `markFailed` / `markDead` only takes effect
- * while the stored message is still `claimed` with the same `attempts` and the same lease expiry
- * (`nextAttemptAt`). Every claimed `OutboxMessage` is a valid claim.
+ * The fence of a claim: what a `markDispatched` / `markFailed` / `markDead` / `markMany` mark
+ * must present to settle a message. Every claimed `OutboxMessage` is a valid claim.
+ *
+ * **With `claimToken`** (every message `claimDue` returns carries one), the stores decide
+ * exactly, the same way on every store (`attempts` must match as well: it guards against
+ * writers that claim without writing a token, such as older library versions during a rolling
+ * upgrade):
+ *
+ * 1. The stored message is `claimed` with this `claimToken`: the mark applies, returns `true`.
+ * 2. The stored message is already in the mark's target state (`dispatched`, `failed` or
+ *    `dead`) with this `claimToken`: the mark was applied before by this same claim (a retry
+ *    after a lost reply, a partial batch failure, or a second mark of the same id). It
+ *    returns `true` and changes nothing (the first mark's `updatedAt`, error, due time and
+ *    outcome stay).
+ * 3. Anything else returns `false` (superseded) and changes nothing: the lease expired and
+ *    another claim took the message (a new token), the message was requeued, or this claim
+ *    was already settled to a *different* state (a `failed` claim cannot later be marked
+ *    `dead`). Once a later claim has taken the message, marks of the earlier claim return
+ *    `false` even if one of them had applied.
+ *
+ * `nextAttemptAt` is then not compared. Tokens are compared as opaque strings;
+ * the library never decodes a timestamp to fence, so a database session's DateStyle or time
+ * zone cannot break it.
+ *
+ * **Without `claimToken`** (claims built by hand before tokens existed), the fence is the
+ * version 2 one: the stored message must be `claimed` with the same `attempts` and, when
+ * `nextAttemptAt` is given, the same lease expiry. Such a mark cannot recognise its own
+ * earlier success: a retry after a lost reply returns `false`.
+ *
+ * **Several marks of one id in one `markMany`** are settled in input order, each seeing the
+ * effect of the ones before it: the first applies (rule 1), a later one with the same token
+ * and target state is rule 2 (`true`), one with another target state is rule 3 (`false`).
  *
  * @example
  * ```ts
  * import type { OutboxClaim } from "@outbox/nats";
- * const claim: OutboxClaim = { id: "m-1", attempts: 1, nextAttemptAt: "2026-01-01T00:00:30.000Z" };
+ * const claim: OutboxClaim = { id: "m-1", attempts: 1, claimToken: "c0a8…" };
+ * const legacy: OutboxClaim = { id: "m-1", attempts: 1, nextAttemptAt: "2026-01-01T00:00:30.000Z" };
  * ```
  */
 export interface OutboxClaim {
@@ -165,10 +202,12 @@ export interface OutboxClaim {
   /** `attempts` as returned by `claimDue`. */
   attempts: number;
   /**
-   * The lease expiry returned by `claimDue`. When given, it is part of the fence, so a claim from
-   * before a requeue can never settle the message again.
+   * The lease expiry returned by `claimDue`. Without `claimToken`, when given, it is part of the
+   * fence, so a claim from before a requeue can never settle the message again.
    */
   nextAttemptAt?: string;
+  /** The claim's token as returned by `claimDue`; when given, it and `attempts` are the fence. */
+  claimToken?: string;
 }
 
 /**
@@ -279,12 +318,17 @@ export interface OutboxRepository {
   get(id: string): Promise<OutboxMessage | undefined>;
   /**
    * Claims up to `limit` due messages, oldest first: `pending`, `failed` with `nextAttemptAt <=
-   * now`, and `claimed` whose lease expired. Each becomes `claimed` with `attempts + 1` and
-   * `nextAttemptAt = now + leaseMs`. Two concurrent claimers never receive the same message.
+   * now`, and `claimed` whose lease expired. (The SQL stores take the oldest by enqueue order
+   * among the `limit` oldest pending messages and the `limit` earliest-due retries, so that a
+   * claim never reads messages that are not due.) Each becomes `claimed` with `attempts + 1`,
+   * `nextAttemptAt = now + leaseMs` and a fresh `claimToken` (the fence of its marks). Two concurrent claimers never receive the same message.
    * A stored message that cannot be decoded is moved to `dead` with the reason and skipped.
    */
   claimDue(limit: number, now: Date, options?: OutboxClaimOptions): Promise<OutboxMessage[]>;
-  /** Settles a claim as dispatched (fenced); `false` when the claim was superseded. */
+  /**
+   * Settles a claim as dispatched (fenced, see {@linkcode OutboxClaim}); `false` when the claim
+   * was superseded, `true` when it applied now or had already been applied by this claim.
+   */
   markDispatched(claim: OutboxClaim, now: Date, outcome?: JsonValue): Promise<boolean>;
   /** Records a failed attempt (fenced); `false` when the claim was superseded. */
   markFailed(claim: OutboxClaim, failure: OutboxFailure): Promise<boolean>;
@@ -292,7 +336,10 @@ export interface OutboxRepository {
   markDead(claim: OutboxClaim, dead: OutboxDeadLetter): Promise<boolean>;
   /**
    * Settles many claims at once (one round trip where the store allows). The result has one
-   * boolean per mark, in order. Stores without it are settled one mark at a time.
+   * boolean per mark, in order, with the meaning of {@linkcode OutboxClaim}'s rules; marks of
+   * the same id are settled in input order. When it throws, any subset of the marks may have
+   * been applied: calling it again with the same marks is safe and reports those as `true`
+   * (for claims with a `claimToken`). Stores without it are settled one mark at a time.
    */
   markMany?(marks: readonly OutboxMark[], now: Date): Promise<boolean[]>;
 }

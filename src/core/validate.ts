@@ -58,7 +58,8 @@ const headerName = /^[!-9;-~]+$/;
  * header, whose value NATS trims); `kind` is one of
  * {@linkcode outboxRecordKinds}; `name` and `payload` are strings without NUL; `subject` is a
  * literal NATS subject (non-empty tokens, no whitespace or control characters, no `*` or `>`
- * token); `headers` is a plain object of string values without CR, LF or NUL, with names of
+ * token); an `event.publish` payload is JSON text (the dispatcher parses it to publish the
+ * event); `headers` is a plain object of string values without CR, LF or NUL, with names of
  * printable ASCII other than `:`; a `Nats-Msg-Id` header, if present, equals `id`. Every string
  * must be well-formed Unicode.
  *
@@ -106,6 +107,7 @@ export function validateOutboxRecord(record: unknown): OutboxRecord {
   const name = requireText("name", input.name);
   const subject = validateSubject(input.subject);
   const payload = requireText("payload", input.payload);
+  if (kind === "event.publish") checkJson(payload);
   const headers = validateHeaders(input.headers, id);
   return { id, kind: kind as OutboxRecordKind, name, subject, payload, headers };
 }
@@ -149,6 +151,105 @@ export function validateSubject(subject: unknown, field = "subject"): string {
     }
   }
   return text;
+}
+
+function checkJson(payload: string): void {
+  try {
+    JSON.parse(payload);
+  } catch (error) {
+    throw new OutboxValidationError(
+      "payload",
+      `An event.publish payload must be JSON text (for example JSON.stringify(value)): ${
+        error instanceof Error ? error.message : String(error)
+      }`,
+      { cause: error },
+    );
+  }
+}
+
+/**
+ * Default of `maxPayloadBytes` (SQL and memory stores): 1 MiB, NATS's default `max_payload`,
+ * less 64 KiB left for the headers the dispatcher and telemetry add (`Nats-Msg-Id`, trace
+ * context) and for the protocol's own framing.
+ *
+ * @example
+ * ```ts
+ * import { defaultMaxPayloadBytes } from "@outbox/nats";
+ * console.log(defaultMaxPayloadBytes); // 983040
+ * ```
+ */
+export const defaultMaxPayloadBytes: number = 1024 * 1024 - 64 * 1024;
+
+/**
+ * A record is larger than the store's `maxPayloadBytes`: NATS would refuse to publish it, so it
+ * is refused at enqueue instead of going dead later. An {@linkcode OutboxValidationError} with
+ * field `payload`.
+ *
+ * @example
+ * ```ts
+ * import { MemoryOutboxRepository, OutboxPayloadTooLargeError } from "@outbox/nats";
+ * const outbox = new MemoryOutboxRepository({ maxPayloadBytes: 16 });
+ * try {
+ *   await outbox.enqueue({
+ *     id: "m-1", kind: "event.publish", name: "x", subject: "a.b",
+ *     payload: JSON.stringify("x".repeat(100)), headers: {},
+ *   });
+ * } catch (error) {
+ *   if (error instanceof OutboxPayloadTooLargeError) console.log(error.bytes, error.limit);
+ * }
+ * ```
+ */
+export class OutboxPayloadTooLargeError extends OutboxValidationError {
+  /** The id of the refused record. */
+  readonly id: string;
+  /** Its size: payload plus headers, in bytes as NATS counts them. */
+  readonly bytes: number;
+  /** The store's `maxPayloadBytes`. */
+  readonly limit: number;
+  /** Creates the error for record `id` of `bytes` bytes over `limit`. */
+  constructor(id: string, bytes: number, limit: number) {
+    super(
+      "payload",
+      `Outbox record '${id}' is ${bytes} bytes (payload and headers), over the store's maxPayloadBytes of ${limit}; NATS would refuse to publish it (raise maxPayloadBytes only if your server's max_payload is larger)`,
+    );
+    this.name = "OutboxPayloadTooLargeError";
+    this.id = id;
+    this.bytes = bytes;
+    this.limit = limit;
+  }
+}
+
+/**
+ * Returns `maxPayloadBytes` (an integer >= 1) or the default; throws `OutboxValidationError`
+ * for anything else.
+ */
+export function checkedMaxPayloadBytes(value: number | undefined): number {
+  if (value === undefined) return defaultMaxPayloadBytes;
+  if (!Number.isSafeInteger(value) || value < 1) {
+    throw new OutboxValidationError(
+      "maxPayloadBytes",
+      `maxPayloadBytes must be an integer >= 1, got ${value}`,
+    );
+  }
+  return value;
+}
+
+/**
+ * Throws {@linkcode OutboxPayloadTooLargeError} when the payload plus headers of a validated
+ * `record` (as NATS counts them: `name: value` lines) exceed `limit` bytes.
+ */
+export function checkRecordSize(record: OutboxRecord, limit: number): void {
+  // Cheap bound first: a UTF-16 unit is at most 3 UTF-8 bytes.
+  let upper = record.payload.length * 3;
+  for (const [name, value] of Object.entries(record.headers)) {
+    upper += name.length + value.length * 3 + 4;
+  }
+  if (upper <= limit) return;
+  let bytes = byteLength(record.payload);
+  for (const [name, value] of Object.entries(record.headers)) {
+    bytes += name.length + byteLength(value) + 4; // "name: value\r\n"
+  }
+  if (bytes > limit) throw new OutboxPayloadTooLargeError(record.id, bytes, limit);
 }
 
 function validateHeaders(headers: unknown, id: string): Record<string, string> {

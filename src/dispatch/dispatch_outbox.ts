@@ -23,6 +23,7 @@ import {
 import { addMs, defaultLeaseMs } from "../core/time.ts";
 import type {
   JsonValue,
+  OutboxClaim,
   OutboxMark,
   OutboxMessage,
   OutboxPublishReceipt,
@@ -618,11 +619,12 @@ function describe(error: OutboxPublishError): string {
 }
 
 function toMark(message: OutboxMessage, settlement: Settlement): OutboxMark {
-  const claim = {
+  const claim: OutboxClaim = {
     id: message.id,
     attempts: message.attempts,
     nextAttemptAt: message.nextAttemptAt,
   };
+  if (message.claimToken !== undefined) claim.claimToken = message.claimToken;
   switch (settlement.state) {
     case "dispatched":
       return settlement.info.outcome === undefined
@@ -643,7 +645,9 @@ function toMark(message: OutboxMessage, settlement: Settlement): OutboxMark {
 /**
  * Once the broker acknowledged a message, that fact must reach the store: a failed mark (a
  * database blip) is retried with backoff until the lease ends, instead of letting the lease
- * expire and publishing again.
+ * expire and publishing again. A retry after a partial failure counts every mark once: a store's
+ * `markMany` reports marks its earlier call had applied as `true` (claim tokens), and the
+ * one-by-one fallback does not send answered marks again.
  */
 async function applyMarksWithinLease(
   engine: BatchEngine,
@@ -651,9 +655,10 @@ async function applyMarksWithinLease(
   leaseEnd: number,
 ): Promise<boolean[]> {
   let delay = 25;
+  const answered: Array<boolean | undefined> = [];
   while (true) {
     try {
-      return await applyMarks(engine.repository, marks, engine.now());
+      return await applyMarks(engine.repository, marks, engine.now(), answered);
     } catch (error) {
       if (performance.now() + delay >= leaseEnd) throw error;
       await new Promise((resolve) => setTimeout(resolve, delay));

@@ -200,6 +200,8 @@ export class OutboxDispatcher implements AsyncDisposable {
   #retryTimes = new RetryTimes();
   #storeErrors = 0;
   #blockedUntil = 0;
+  /** Ends a {@linkcode #settledOrNotified} wait early (set while the loop waits there). */
+  #notified: (() => void) | undefined;
   #abandoned = new Set<Promise<unknown>>();
 
   /** Creates the dispatcher and starts its first drain. Options are checked at once. */
@@ -291,6 +293,7 @@ export class OutboxDispatcher implements AsyncDisposable {
   notify(): void {
     if (this.#stopped) return;
     this.#dirty = true;
+    this.#notified?.();
     if (this.#drain || this.#wakeTimer !== undefined) return;
     // After a store error the poll timer is armed for the end of the backoff.
     if (Date.now() < this.#blockedUntil) return;
@@ -436,6 +439,10 @@ export class OutboxDispatcher implements AsyncDisposable {
         }
         if (claimed.length === 0) {
           if (trial) this.#resume();
+          // Nothing due now: wait for the batches still settling, unless notify() brings new
+          // work first (then claim it at once, as below).
+          const newest = recording[recording.length - 1];
+          if (newest && !trial && await this.#settledOrNotified(newest)) continue;
           if (delivering) {
             await delivering;
             delivering = undefined;
@@ -454,6 +461,10 @@ export class OutboxDispatcher implements AsyncDisposable {
         if (delivering) await delivering;
         delivering = batch.delivered;
         if (claimed.length < limit && !this.#dirty) {
+          // A short batch: the outbox looked empty. Wait for it to settle, unless notify()
+          // brings new work first: then claim at once while it keeps settling (pipelined as
+          // above), instead of making the new message wait for this batch's PubAcks and marks.
+          if (await this.#settledOrNotified(batch.settled)) continue;
           await batch.delivered;
           delivering = undefined;
           await recorded();
@@ -466,6 +477,20 @@ export class OutboxDispatcher implements AsyncDisposable {
       if (delivering) await delivering;
       await recorded();
     }
+  }
+
+  /**
+   * `true` when notify() came first, or already had since the last claim started (the batch
+   * keeps settling), `false` once `settled`.
+   */
+  #settledOrNotified(settled: Promise<void>): Promise<boolean> {
+    if (this.#dirty) return Promise.resolve(true);
+    return new Promise<boolean>((resolve) => {
+      this.#notified = () => resolve(true);
+      void settled.then(() => resolve(false));
+    }).finally(() => {
+      this.#notified = undefined;
+    });
   }
 
   /**

@@ -277,6 +277,20 @@ export async function consumeWithInbox<M extends JetStreamMessageLike, Tx = unde
     );
   }
   if (
+    options.transaction && typeof options.inbox !== "function" &&
+    options.inbox.recordsImmediately !== true
+  ) {
+    // Such an inbox records outside the handler's transaction: over the runner's own connection
+    // it waits forever for the transaction it runs in, over another one it commits the id before
+    // the handler ran (a failed handler's redelivery would be acked as a duplicate).
+    throw new OutboxValidationError(
+      "inbox",
+      "with a transaction runner, pass the inbox as a function of the transaction, such as " +
+        "(tx) => new SqlInboxRepository(tx, dialect), so the id commits with the handler's " +
+        "writes; only an inbox that records immediately (memory, NATS KV) may be passed as is",
+    );
+  }
+  if (
     (!options.transaction || (options.inbox as InboxRepository).recordsImmediately === true) &&
     typeof (options.inbox as InboxRepository).has !== "function"
   ) {
@@ -390,14 +404,29 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
       const immediate = typeof options.inbox !== "function" &&
         options.inbox.recordsImmediately === true;
       if (options.transaction && !immediate) {
+        // A factory may hand out an inbox that writes at once (memory, NATS KV): recording it
+        // before the handler would survive the rollback, so it is checked here and recorded
+        // only after the commit, as below.
+        let recordAfterCommit: InboxRepository | undefined;
         await options.transaction(async (tx) => {
           const inbox = typeof options.inbox === "function" ? options.inbox(tx) : options.inbox;
+          if (inbox.recordsImmediately === true) {
+            if (await hasOrThrow(inbox, messageId, this.#scope)) {
+              duplicate = true;
+              return;
+            }
+            await options.handler(message, { tx, messageId, deliveryCount });
+            recordAfterCommit = inbox;
+            return;
+          }
           if (!(await inbox.record(messageId, { consumer: this.#scope }))) {
             duplicate = true;
             return;
           }
           await options.handler(message, { tx, messageId, deliveryCount });
         });
+        // false here means a concurrent delivery recorded it first: both ran the handler.
+        if (recordAfterCommit) await recordAfterCommit.record(messageId, { consumer: this.#scope });
       } else {
         // The inbox writes at once (memory, NATS KV): check before the handler, record only
         // after it succeeded (and after its transaction committed, when there is one), so a
@@ -453,6 +482,18 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
   #report(error: unknown, message?: M): void {
     guard(() => this.#options.onError?.(error, message));
   }
+}
+
+/** `inbox.has()`, for an inbox that records immediately (which must be able to tell). */
+function hasOrThrow(inbox: InboxRepository, messageId: string, consumer: string): Promise<boolean> {
+  if (typeof inbox.has !== "function") {
+    throw new OutboxValidationError(
+      "inbox",
+      "an inbox that records immediately must offer has(): it is checked before the handler " +
+        "and recorded after the handler's transaction committed",
+    );
+  }
+  return inbox.has(messageId, { consumer });
 }
 
 function guard(fn: () => void): void {

@@ -16,6 +16,13 @@ import type {
   PreparedEvent,
 } from "../core/types.ts";
 import { classifyJetStreamError } from "./jetstream_errors.ts";
+import {
+  defaultPubAckWindow,
+  type PubAck,
+  type PubAckConnection,
+  type PubAckHeaders,
+  pubAckPipelineFor,
+} from "./pub_ack_pipeline.ts";
 
 /**
  * Default time to wait for a PubAck, in milliseconds.
@@ -49,6 +56,11 @@ export interface JetStreamPublisher {
   ): Promise<{ stream: string; seq: number; duplicate: boolean }>;
   /** A JetStream manager; `checkAPI: false` sends no request. */
   jetstreamManager(checkAPI?: boolean): Promise<{ getAccountInfo(): Promise<unknown> }>;
+  /**
+   * The client's connection (nats.js's `JetStreamClient` has it). With it the runtime publishes
+   * through a {@linkcode PubAckPipeline}; without it, through `publish()`.
+   */
+  getConnection?(): PubAckConnection;
 }
 
 /**
@@ -86,6 +98,23 @@ export interface JetStreamRuntimeOptions {
    * logs and metrics. Exceptions it throws are ignored.
    */
   onPublished?: (event: PreparedEvent, receipt: Required<OutboxPublishReceipt>) => void;
+  /**
+   * How messages are published: `"pipeline"` sends them over the connection's shared
+   * {@linkcode PubAckPipeline} (one reply subscription, a pending map, one sweeping timer);
+   * `"js.publish"` calls the client's `publish()` per message (a request, a timer and two stack
+   * traces each; kept for comparison). A client without `getConnection()` always uses
+   * `publish()`. Both classify failures the same way.
+   *
+   * @default {"pipeline"}
+   */
+  publisher?: "pipeline" | "js.publish";
+  /**
+   * PubAcks the pipeline awaits at once on this connection (the largest value any runtime on
+   * the connection asked for); further publishes wait, their timeout running.
+   *
+   * @default {1024}
+   */
+  pubAckWindow?: number;
 }
 
 /**
@@ -123,6 +152,10 @@ export interface JetStreamOutboxRuntime extends OutboxRuntime {
  * closed connection is `unavailable`, a payload over `max_payload` or an invalid subject is
  * `permanent`.
  *
+ * Messages go out through the connection's shared {@linkcode PubAckPipeline} (one reply
+ * subscription, a bounded window, one sweeping timer) unless `publisher: "js.publish"` is set or
+ * `js` has no `getConnection()`.
+ *
  * `probe()` sends a JetStream account-info request (waiting as long as the client's own API
  * timeout, 5 s unless configured in `jetstream(nc, { timeout })`) and publishes nothing.
  *
@@ -151,6 +184,7 @@ export function createJetStreamRuntime(
     throw new RangeError(`timeoutMs must be a number >= 1, got ${timeoutMs}`);
   }
   const onPublished = options.onPublished;
+  const send = publisherFor(js, options);
   let manager: Promise<{ getAccountInfo(): Promise<unknown> }> | undefined;
 
   const runtime: JetStreamOutboxRuntime = {
@@ -187,10 +221,7 @@ export function createJetStreamRuntime(
           if (name.toLowerCase() === messageIdLower) continue;
           messageHeaders.set(name, value);
         }
-        ack = await js.publish(event.subject, event.encodedPayload, {
-          headers: messageHeaders,
-          timeout,
-        });
+        ack = await send(event.subject, event.encodedPayload, messageHeaders, timeout);
       } catch (error) {
         throw classifyJetStreamError(error);
       }
@@ -224,3 +255,27 @@ export function createJetStreamRuntime(
 }
 
 const messageIdLower = outboxHeaders.messageId.toLowerCase();
+
+type Send = (
+  subject: string,
+  payload: string | Uint8Array,
+  headers: PubAckHeaders,
+  timeoutMs: number,
+) => Promise<PubAck>;
+
+function publisherFor(js: JetStreamPublisher, options: JetStreamRuntimeOptions): Send {
+  const mode = options.publisher ?? "pipeline";
+  if (mode !== "pipeline" && mode !== "js.publish") {
+    throw new RangeError(`publisher must be "pipeline" or "js.publish", got ${String(mode)}`);
+  }
+  const window = options.pubAckWindow ?? defaultPubAckWindow;
+  if (!Number.isInteger(window) || window < 1) {
+    throw new RangeError(`pubAckWindow must be an integer >= 1, got ${window}`);
+  }
+  if (mode === "pipeline" && typeof js.getConnection === "function") {
+    const pipeline = pubAckPipelineFor(js.getConnection(), { window });
+    return (subject, payload, headers, timeoutMs) =>
+      pipeline.publish(subject, payload, headers, timeoutMs);
+  }
+  return (subject, payload, headers, timeout) => js.publish(subject, payload, { headers, timeout });
+}

@@ -94,6 +94,33 @@ export function classifyJetStreamError(error: unknown): OutboxPublishError {
   return make("retryable", "publish_failed", "the publish failed");
 }
 
+/**
+ * The error for a JetStream API error carried in a PubAck reply (`{"error": {...}}`), with the
+ * name and fields of nats.js's `JetStreamApiError` (`code` = `err_code`, `status` = `code`), so
+ * {@linkcode classifyJetStreamError} treats it like one. Internal: the pipelined publisher's.
+ */
+export function pubAckApiError(
+  apiError: { code?: number; err_code?: number; description?: string },
+): Error {
+  const error = new Error(apiError.description ?? "JetStream API error");
+  error.name = "JetStreamApiError";
+  Object.defineProperties(error, {
+    code: { value: apiError.err_code, enumerable: true },
+    status: { value: apiError.code, enumerable: true },
+  });
+  return error;
+}
+
+/**
+ * The error for a reply that is not a PubAck (classified `retryable`, `publish_failed`, like
+ * nats.js's "invalid ack response"). Internal: the pipelined publisher's.
+ */
+export function pubAckInvalidError(what: string, cause?: unknown): Error {
+  const error = new Error(`invalid PubAck: ${what}`, cause === undefined ? {} : { cause });
+  error.name = "JetStreamError";
+  return error;
+}
+
 function causeChain(error: unknown): Error[] {
   const chain: Error[] = [];
   let current: unknown = error;

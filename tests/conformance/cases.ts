@@ -172,6 +172,8 @@ export const conformanceCases: readonly ConformanceCase[] = [
         ["kind", { ...base, kind: "event.unknown" }],
         ["payload", { ...base, payload: { a: 1 } }],
         ["payload", { ...base, payload: "nul\u0000byte" }],
+        ["payload", { ...base, payload: "{not json" }],
+        ["payload", { ...base, payload: "" }],
         ["subject", { ...base, subject: "" }],
         ["subject", { ...base, subject: "orders created" }],
         ["subject", { ...base, subject: "orders..created" }],
@@ -205,6 +207,24 @@ export const conformanceCases: readonly ConformanceCase[] = [
         "a bad record stores nothing of its batch",
       );
       assert.deepEqual(await outbox.claimDue(10, new Date()), []);
+    },
+  },
+  {
+    name: "a record NATS would refuse (over 1 MiB) is refused at enqueue; nothing is stored",
+    async run({ outbox }) {
+      const big = record({ payload: JSON.stringify({ blob: "x".repeat(2 * 1024 * 1024) }) });
+      const refused = (error: Error & { field?: string }) => {
+        assert.ok(error.name.startsWith("Outbox"), error.name);
+        assert.equal(error.field, "payload", error.message);
+        return true;
+      };
+      await assert.rejects(outbox.enqueue(big), refused);
+      await assert.rejects(outbox.enqueueMany([record(), big]), refused);
+      assert.equal(await outbox.get(big.id), undefined);
+      assert.deepEqual(await outbox.claimDue(10, new Date()), []);
+      // A job's payload is the handler's business: it need not be JSON.
+      const job = await outbox.enqueue(record({ kind: "job.create", payload: "plain text" }));
+      assert.equal(job.payload, "plain text");
     },
   },
   {
@@ -298,7 +318,12 @@ export const conformanceCases: readonly ConformanceCase[] = [
       assert.equal(await outbox.markDead(first, { error: "late", now: at(t0, 1_100) }), false);
       assert.equal((await outbox.get(r.id))?.state, "claimed");
       assert.equal(await outbox.markDispatched(second, at(t0, 1_100)), true);
-      assert.equal(await outbox.markDispatched(second, at(t0, 1_100)), false, "settled once");
+      assert.equal(
+        await outbox.markDispatched(second, at(t0, 1_150)),
+        true,
+        "a repeat by the same claim reports the mark it already applied",
+      );
+      assert.equal(await outbox.markDead(second, { error: "x", now: at(t0, 1_150) }), false);
       const stored = await outbox.get(r.id);
       assert.equal(stored?.state, "dispatched");
       assert.equal(stored?.nextAttemptAt, undefined);
@@ -415,6 +440,155 @@ export const conformanceCases: readonly ConformanceCase[] = [
       assert.equal(failed?.nextAttemptAt, at(t0, 9_000).toISOString());
       assert.equal((await outbox.get(records[3].id))?.state, "dead");
       if (outbox.markMany) assert.deepEqual(await outbox.markMany([], now), []);
+    },
+  },
+  {
+    name: "every claim writes a fresh claim token, kept on the message",
+    async run({ outbox }) {
+      const [r] = await enqueueAll(outbox, 1);
+      assert.equal((await outbox.get(r.id))?.claimToken, undefined, "none before a claim");
+      const t0 = new Date();
+      const [first] = await outbox.claimDue(1, t0, { leaseMs: 1_000 });
+      assert.equal(typeof first.claimToken, "string");
+      assert.ok(first.claimToken!.length > 0);
+      assert.equal((await outbox.get(r.id))?.claimToken, first.claimToken);
+      const [second] = await outbox.claimDue(1, at(t0, 1_000), { leaseMs: 1_000 });
+      assert.notEqual(second.claimToken, first.claimToken);
+      assert.equal(await outbox.markDispatched(second, at(t0, 1_001)), true);
+      assert.equal((await outbox.get(r.id))?.claimToken, second.claimToken, "kept when settled");
+    },
+  },
+  {
+    name: "the token fences: attempts and lease do not settle a claim with another token",
+    async run({ outbox }) {
+      const [r] = await enqueueAll(outbox, 1);
+      const t0 = new Date();
+      const [claim] = await outbox.claimDue(1, t0);
+      const forged = { ...claim, claimToken: "not-the-token" };
+      assert.equal(await outbox.markDispatched(forged, at(t0, 1)), false);
+      assert.equal(await outbox.markDead(forged, { error: "x", now: at(t0, 1) }), false);
+      assert.equal((await outbox.get(r.id))?.state, "claimed");
+      // The token and attempts are compared (a writer that claims without writing a token, as
+      // an older version would, changes attempts), not the timestamps.
+      assert.equal(await outbox.markDispatched({ ...claim, attempts: 99 }, at(t0, 1)), false);
+      const other = { ...claim, nextAttemptAt: "1999-01-01T00:00:00.000Z" };
+      assert.equal(await outbox.markDispatched(other, at(t0, 1)), true);
+    },
+  },
+  {
+    name: "a repeated mark is idempotent for its own claim and changes nothing",
+    async run({ outbox }) {
+      const [a, b, c] = await enqueueAll(outbox, 3);
+      const t0 = new Date();
+      const [ca, cb, cc] = await outbox.claimDue(3, t0);
+      const failure = { error: "first", now: at(t0, 1), nextAttemptAt: at(t0, 60_000) };
+      assert.equal(await outbox.markFailed(ca, failure), true);
+      assert.equal(
+        await outbox.markFailed(ca, { error: "second", now: at(t0, 2), nextAttemptAt: at(t0, 9) }),
+        true,
+      );
+      const failed = await outbox.get(a.id);
+      assert.equal(failed?.lastError, "first", "the first mark's data stays");
+      assert.equal(failed?.nextAttemptAt, at(t0, 60_000).toISOString());
+      assert.equal(failed?.updatedAt, at(t0, 1).toISOString());
+      assert.equal(await outbox.markDead(ca, { error: "x", now: at(t0, 3) }), false);
+      assert.equal(await outbox.markDispatched(ca, at(t0, 3)), false);
+
+      assert.equal(await outbox.markDead(cb, { error: "gone", now: at(t0, 1) }), true);
+      assert.equal(await outbox.markDead(cb, { error: "again", now: at(t0, 2) }), true);
+      assert.equal((await outbox.get(b.id))?.lastError, "gone");
+
+      assert.equal(await outbox.markDispatched(cc, at(t0, 1), { kind: "one" }), true);
+      assert.equal(await outbox.markDispatched(cc, at(t0, 2), { kind: "two" }), true);
+      const done = await outbox.get(c.id);
+      assert.deepEqual(done?.outcome, { kind: "one" });
+      assert.equal(done?.updatedAt, at(t0, 1).toISOString());
+    },
+  },
+  {
+    name: "after a later claim took the message, the earlier claim's marks are superseded",
+    async run({ outbox }) {
+      const [r] = await enqueueAll(outbox, 1);
+      const t0 = new Date();
+      const [first] = await outbox.claimDue(1, t0);
+      const failure = { error: "busy", now: at(t0, 1), nextAttemptAt: at(t0, 1) };
+      assert.equal(await outbox.markFailed(first, failure), true);
+      const [second] = await outbox.claimDue(1, at(t0, 2));
+      assert.equal(second.id, r.id);
+      assert.equal(await outbox.markFailed(first, failure), false, "no longer provable");
+      assert.equal(await outbox.markDispatched(second, at(t0, 3)), true);
+      assert.equal(await outbox.markFailed(first, failure), false);
+    },
+  },
+  {
+    name: "a requeue ends every mark of the claims before it",
+    async run({ outbox }) {
+      const [r] = await enqueueAll(outbox, 1);
+      const t0 = new Date();
+      const [claim] = await outbox.claimDue(1, t0);
+      assert.equal(await outbox.markDead(claim, { error: "x", now: at(t0, 1) }), true);
+      assert.equal(await outbox.requeue([r.id], at(t0, 2)), 1);
+      assert.equal(await outbox.markDead(claim, { error: "x", now: at(t0, 3) }), false);
+      assert.equal(await outbox.markDispatched(claim, at(t0, 3)), false);
+      assert.equal((await outbox.get(r.id))?.state, "pending");
+    },
+  },
+  {
+    name: "claims without a token keep the attempts-and-lease fence; a repeat is superseded",
+    async run({ outbox }) {
+      const [r] = await enqueueAll(outbox, 1);
+      const t0 = new Date();
+      const [claimed] = await outbox.claimDue(1, t0);
+      const legacy = { id: r.id, attempts: claimed.attempts, nextAttemptAt: claimed.nextAttemptAt };
+      assert.equal(
+        await outbox.markDispatched({ ...legacy, attempts: 2 }, at(t0, 1)),
+        false,
+        "wrong attempts",
+      );
+      assert.equal(await outbox.markDispatched(legacy, at(t0, 1)), true);
+      assert.equal(await outbox.markDispatched(legacy, at(t0, 2)), false);
+    },
+  },
+  {
+    name: "markMany: marks of one id are settled in input order; a retried batch reports true",
+    async run({ outbox }) {
+      const [a, b, c] = await enqueueAll(outbox, 3);
+      const t0 = new Date();
+      const [ca, cb, cc] = await outbox.claimDue(3, t0);
+      const now = at(t0, 1);
+      const marks = [
+        { claim: ca, state: "dispatched" as const },
+        { claim: ca, state: "dispatched" as const },
+        { claim: cb, state: "dispatched" as const },
+        { claim: cb, state: "dead" as const, error: "x" },
+        { claim: cc, state: "dead" as const, error: "first" },
+        { claim: cc, state: "failed" as const, error: "second", nextAttemptAt: at(t0, 5) },
+      ];
+      const settle = (batch: typeof marks, when: Date) =>
+        outbox.markMany
+          ? outbox.markMany(batch, when)
+          : Promise.all(batch.map((mark) =>
+            mark.state === "dispatched"
+              ? outbox.markDispatched(mark.claim, when)
+              : mark.state === "failed"
+              ? outbox.markFailed(mark.claim, { ...mark, now: when })
+              : outbox.markDead(mark.claim, { error: mark.error, now: when })
+          ));
+      if (outbox.markMany) {
+        assert.deepEqual(await settle(marks, now), [true, true, true, false, true, false]);
+      } else {
+        for (const mark of marks) await settle([mark], now);
+      }
+      assert.equal((await outbox.get(a.id))?.state, "dispatched");
+      assert.equal((await outbox.get(b.id))?.state, "dispatched");
+      assert.equal((await outbox.get(c.id))?.state, "dead");
+      assert.equal((await outbox.get(c.id))?.lastError, "first");
+      // The whole batch again, as a dispatcher retries after a lost reply.
+      assert.deepEqual(
+        await settle([marks[0], marks[2], marks[4]], at(t0, 2)),
+        [true, true, true],
+      );
+      assert.equal((await outbox.get(a.id))?.updatedAt, now.toISOString());
     },
   },
   {

@@ -33,8 +33,13 @@ export interface CliResult {
   stderr: string;
 }
 
-function cliCommand(args: string[], env: Record<string, string>): Deno.Command {
+function cliCommand(
+  args: string[],
+  env: Record<string, string>,
+  signal?: AbortSignal,
+): Deno.Command {
   return new Deno.Command(Deno.execPath(), {
+    signal,
     args: ["run", "-A", "--quiet", cliPath, ...args],
     cwd: root,
     env: { NO_COLOR: "1", OUTBOX_STORE_URL: "", OUTBOX_NATS_URL: "", ...env },
@@ -44,9 +49,16 @@ function cliCommand(args: string[], env: Record<string, string>): Deno.Command {
   });
 }
 
-/** Runs the CLI to completion. */
-export async function runCli(args: string[], env: Record<string, string> = {}): Promise<CliResult> {
-  const output = await cliCommand(args, env).output();
+/** Runs the CLI to completion (killed after `options.timeoutMs`, when given). */
+export async function runCli(
+  args: string[],
+  env: Record<string, string> = {},
+  options: { timeoutMs?: number } = {},
+): Promise<CliResult> {
+  const signal = options.timeoutMs === undefined
+    ? undefined
+    : AbortSignal.timeout(options.timeoutMs);
+  const output = await cliCommand(args, env, signal).output();
   const decoder = new TextDecoder();
   return {
     code: output.code,

@@ -83,6 +83,11 @@ export class InstrumentedOutbox implements OutboxRepository {
   failMarks = 0;
   /** Called when a claim starts (for overlap checks). */
   onClaim?: () => void;
+  /**
+   * Ids whose claimed payload reads as `{not json`: a row written behind the library's back
+   * (enqueue refuses such a payload).
+   */
+  corruptPayloads = new Set<string>();
 
   enqueue(record: OutboxRecord): Promise<OutboxMessage> {
     return this.store.enqueue(record);
@@ -110,7 +115,11 @@ export class InstrumentedOutbox implements OutboxRepository {
         this.failClaims -= 1;
         throw new Error("injected claim failure");
       }
-      return await this.store.claimDue(limit, now, options);
+      const claimed = await this.store.claimDue(limit, now, options);
+      for (const message of claimed) {
+        if (this.corruptPayloads.has(message.id)) message.payload = "{not json";
+      }
+      return claimed;
     } finally {
       this.claimsInFlight -= 1;
     }

@@ -17,8 +17,6 @@ import { budget } from "./budget.ts";
 import { type CommandOptions, commands } from "./store_commands.ts";
 import { StoreRunner } from "./store_runner.ts";
 import {
-  betterSqlite3,
-  betterSqliteTarget,
   memoryTarget,
   natsKvTarget,
   nodeSqliteTarget,
@@ -40,8 +38,7 @@ interface PropertyOptions {
 function storeProperty(target: Target, options: PropertyOptions = {}): Deno.TestDefinition {
   return {
     name: `model: ${target.name}${options.name ? `: ${options.name}` : ""}`,
-    // better-sqlite3 needs node_modules under Deno (a Node-API addon); see store_targets.ts.
-    ignore: options.ignore || (target === betterSqliteTarget && !betterSqlite3),
+    ignore: options.ignore,
     async fn() {
       const session = await target.open();
       try {
@@ -73,12 +70,12 @@ function storeProperty(target: Target, options: PropertyOptions = {}): Deno.Test
 const open = {
   /** #14 item 1: SQLite executors over one connection kept separate transaction queues. Fixed. */
   sharedConnectionTx: false,
-  /** #15 items 3, 4: KV markDead racing requeue; ActiveIndex.forget() removes by key. */
-  requeueRaces: true,
-  /** #15 item 5: two marks of one id in one NATS KV markMany race each other. */
-  duplicateMarks: true,
-  /** #14 item 3 / #15 item 1: claims carry no token; a retried mark reports "superseded". */
-  noClaimToken: true,
+  /** #15 items 3, 4: KV markDead racing requeue; ActiveIndex.forget() removed by key. Fixed. */
+  requeueRaces: false,
+  /** #15 item 5: two marks of one id in one NATS KV markMany raced each other. Fixed. */
+  duplicateMarks: false,
+  /** #14 item 3 / #15 item 1: claims carried no token; a retried mark said "superseded". Fixed. */
+  noClaimToken: false,
 };
 
 /** `OUTBOX_MODEL_KNOWN_BUGS=1` runs the ignored known-bug properties (to see them fail). */

@@ -3,8 +3,9 @@
  * storage (several dispatchers), every instance behind its own fault proxy.
  *
  * - memory: one `MemoryOutboxRepository`, the proxy over the repository itself;
- * - SQLite (node:sqlite, better-sqlite3): a WAL file; instances 0 and 1 are two executors over
- *   ONE connection (a service and a dispatcher sharing it), instance 2 a second connection;
+ * - SQLite (node:sqlite): a WAL file; instances 0 and 1 are two executors over ONE connection
+ *   (a service and a dispatcher sharing it), instance 2 a second connection (better-sqlite3 is
+ *   a Node-only test dependency, out of deno.json; the Node suite covers that driver);
  * - Postgres (postgres.js, pg): two pools, fresh unique tables per test, emptied per run;
  * - NATS KV: a fresh unique bucket per run, instances 0 and 1 on one connection, 2 on another.
  *
@@ -18,7 +19,6 @@ import pg from "pg";
 import { Kvm } from "@nats-io/kv";
 import type { KV } from "@nats-io/kv";
 import {
-  betterSqlite3Executor,
   createOutboxBucket,
   MemoryOutboxRepository,
   migrate,
@@ -215,29 +215,6 @@ export const nodeSqliteTarget: Target = sqliteTarget(
   (db) => nodeSqliteExecutor(db),
 );
 
-type BetterSqlite3Constructor = new (path: string) => SqliteHandle & {
-  prepare(sql: string): unknown;
-};
-
-/**
- * better-sqlite3 is a Node-API addon: under Deno it loads only with a local `node_modules`
- * (`nodeModulesDir`), which this project does not use. `undefined` when it cannot be opened.
- */
-export const betterSqlite3: BetterSqlite3Constructor | undefined = await import("better-sqlite3")
-  .then((module) => {
-    const Database = module.default as unknown as BetterSqlite3Constructor;
-    new Database(":memory:").close();
-    return Database;
-  })
-  .catch(() => undefined);
-
-/** SQLite through better-sqlite3 (when it loads, see {@linkcode betterSqlite3}). */
-export const betterSqliteTarget: Target = sqliteTarget(
-  "sqlite (better-sqlite3)",
-  (path) => new betterSqlite3!(path),
-  (db) => betterSqlite3Executor(db as unknown as Parameters<typeof betterSqlite3Executor>[0]),
-);
-
 function postgresTarget(
   name: string,
   pools: (url: string) => { executors: SqlExecutor[]; end(): Promise<void> },
@@ -406,7 +383,6 @@ export const natsKvTarget: Target = {
 export const targets: readonly Target[] = [
   memoryTarget,
   nodeSqliteTarget,
-  betterSqliteTarget,
   postgresJsTarget,
   pgTarget,
   natsKvTarget,

@@ -1,6 +1,6 @@
 /**
  * The INSTALLED package's `outbox-nats` executable on Node: --help, migrate and status against
- * Postgres and SQLite (better-sqlite3, as Node 20 has no node:sqlite), and errors as one line
+ * Postgres and SQLite (node:sqlite), and errors as one line
  * with exit codes 1 and 2.
  */
 
@@ -57,7 +57,7 @@ test("node cli: migrate and status against Postgres", async () => {
   try {
     const migrated = await cli(["migrate", ...args]);
     assert.equal(migrated.code, 0, migrated.stderr);
-    assert.match(migrated.stdout, /from version 0 to 2/);
+    assert.match(migrated.stdout, /from version 0 to 3/);
     const outbox = new SqlOutboxRepository(postgresJsExecutor(sql), "postgres", {
       outbox: table,
       inbox: `${table}_i`,
@@ -83,7 +83,7 @@ test("node cli: migrate and status against Postgres", async () => {
   }
 });
 
-test("node cli: SQLite through better-sqlite3 when node:sqlite is missing", async () => {
+test("node cli: SQLite (node:sqlite on Node >= 22)", async () => {
   const dir = mkdtempSync(join(tmpdir(), "outbox-cli-node-"));
   try {
     const store = `sqlite:${join(dir, "app.db")}`;

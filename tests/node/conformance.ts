@@ -7,11 +7,11 @@
 import { test } from "node:test";
 import { conformanceCases, type ConformanceHarness } from "../conformance/cases.ts";
 
-/** Registers every conformance case for `harness`. */
-export function testConformance(harness: ConformanceHarness): void {
+/** Registers every conformance case for `harness`; `skip` (a reason) skips them all. */
+export function testConformance(harness: ConformanceHarness, skip?: string): void {
   for (const testCase of conformanceCases) {
     test(`${harness.name} conformance: ${testCase.name}`, {
-      skip: testCase.requires === "corrupt" && !harness.canCorrupt,
+      skip: skip ?? (testCase.requires === "corrupt" && !harness.canCorrupt),
     }, async () => {
       const fixture = await harness.open();
       try {

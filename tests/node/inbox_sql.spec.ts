@@ -1,6 +1,6 @@
 /**
  * consumeWithInbox from the installed package on Node, with a SQL inbox in the handler's own
- * transaction (Postgres through postgres.js, SQLite through better-sqlite3), on real JetStream:
+ * transaction (Postgres through postgres.js, SQLite through node:sqlite and better-sqlite3), on real JetStream:
  * every message takes effect once, a failed handler rolls back its writes and its inbox id and
  * runs again on redelivery, and an id already recorded is acked without the handler.
  */
@@ -10,13 +10,10 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
-// @ts-types="@types/better-sqlite3"
-import Database from "better-sqlite3";
 import postgres from "postgres";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { AckPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import {
-  betterSqlite3Executor,
   consumeWithInbox,
   migrate,
   postgresJsExecutor,
@@ -25,6 +22,7 @@ import {
   SqlInboxRepository,
 } from "@outbox/nats";
 import { eventually, natsUrl, postgresUrl, uniqueName } from "./servers.ts";
+import { sqliteDrivers } from "./sqlite_drivers.ts";
 
 const count = 20;
 const failOnce = "m-7";
@@ -144,23 +142,26 @@ test("node: consumeWithInbox with a Postgres inbox (postgres.js) in the handler'
   }
 });
 
-test("node: consumeWithInbox with a SQLite inbox (better-sqlite3) in the handler's transaction", async () => {
-  const dir = mkdtempSync(join(tmpdir(), "outbox-node-inbox-"));
-  const sqlite = new Database(join(dir, "billing.db"));
-  sqlite.pragma("journal_mode = WAL");
-  const executor = betterSqlite3Executor(sqlite);
-  const db: ConsumerDatabase = {
-    dialect: "sqlite",
-    tables: { outbox: "app_outbox", inbox: "app_inbox" },
-    applied: "applied",
-    executor,
-    transaction: (work) => executor.transaction!(work),
-    close: () => Promise.resolve(void sqlite.close()),
-  };
-  try {
-    await exactlyOnce(db);
-  } finally {
-    await db.close();
-    rmSync(dir, { recursive: true, force: true });
-  }
-});
+for (const driver of sqliteDrivers) {
+  test(`node: consumeWithInbox with a SQLite inbox (${driver.name}) in the handler's transaction`, {
+    skip: driver.skip,
+  }, async () => {
+    const dir = mkdtempSync(join(tmpdir(), "outbox-node-inbox-"));
+    const sqlite = driver.open(join(dir, "billing.db"));
+    const executor = sqlite.executor;
+    const db: ConsumerDatabase = {
+      dialect: "sqlite",
+      tables: { outbox: "app_outbox", inbox: "app_inbox" },
+      applied: "applied",
+      executor,
+      transaction: (work) => executor.transaction!(work),
+      close: () => Promise.resolve(void sqlite.close()),
+    };
+    try {
+      await exactlyOnce(db);
+    } finally {
+      await db.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+}

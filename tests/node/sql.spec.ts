@@ -1,6 +1,7 @@
 /**
- * The installed package's SQL stores pass the conformance suite on Node 20: SQLite through
- * better-sqlite3 (a WAL file in a temp dir, a second connection as the peer), Postgres through
+ * The installed package's SQL stores pass the conformance suite on Node: SQLite through
+ * node:sqlite and better-sqlite3 where its binary loads (a WAL file in a temp dir, a second
+ * connection as the peer), Postgres through
  * node-postgres and postgres.js (fresh unique tables per fixture).
  */
 
@@ -8,13 +9,13 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { randomUUID } from "node:crypto";
-// @ts-types="@types/better-sqlite3"
-import Database from "better-sqlite3";
 import pg from "pg";
 import postgres from "postgres";
+import assert from "node:assert/strict";
+import { test } from "node:test";
 import {
-  betterSqlite3Executor,
   migrate,
+  OutboxSchemaError,
   pgExecutor,
   postgresJsExecutor,
   type SqlExecutor,
@@ -23,47 +24,78 @@ import {
 } from "@outbox/nats";
 import type { ConformanceFixture } from "../conformance/cases.ts";
 import { testConformance } from "./conformance.ts";
+import { sqliteDrivers } from "./sqlite_drivers.ts";
 import { postgresUrl as testPostgresUrl } from "./servers.ts";
 
-function openSqlite(path: string): Database.Database {
-  const db = new Database(path);
-  db.pragma("journal_mode = WAL");
-  db.pragma("busy_timeout = 10000");
-  return db;
-}
+for (const driver of sqliteDrivers) {
+  testConformance({
+    name: `node ${driver.name}`,
+    canCorrupt: true,
+    async open(): Promise<ConformanceFixture> {
+      const dir = mkdtempSync(join(tmpdir(), "outbox-sqlite-"));
+      const db = driver.open(join(dir, "outbox.db"));
+      const peer = driver.open(join(dir, "outbox.db"));
+      await migrate(db.executor, { dialect: "sqlite" });
+      return {
+        outbox: new SqlOutboxRepository(db.executor, "sqlite"),
+        inbox: new SqlInboxRepository(db.executor, "sqlite"),
+        peers: [{
+          outbox: new SqlOutboxRepository(peer.executor, "sqlite"),
+          inbox: new SqlInboxRepository(peer.executor, "sqlite"),
+        }],
+        async corrupt(id) {
+          await db.executor.query(
+            "UPDATE trellis_outbox SET headers = '{not json', kind = 'event.bogus' WHERE id = ?1",
+            [id],
+          );
+        },
+        close() {
+          peer.close();
+          db.close();
+          rmSync(dir, { recursive: true, force: true });
+          return Promise.resolve();
+        },
+      };
+    },
+  }, driver.skip);
 
-testConformance({
-  name: "node better-sqlite3",
-  canCorrupt: true,
-  async open(): Promise<ConformanceFixture> {
-    const dir = mkdtempSync(join(tmpdir(), "outbox-bs3-"));
-    const db = openSqlite(join(dir, "outbox.db"));
-    const peer = openSqlite(join(dir, "outbox.db"));
-    const executor = betterSqlite3Executor(db);
-    const peerExecutor = betterSqlite3Executor(peer);
-    await migrate(executor, { dialect: "sqlite" });
-    return {
-      outbox: new SqlOutboxRepository(executor, "sqlite"),
-      inbox: new SqlInboxRepository(executor, "sqlite"),
-      peers: [{
-        outbox: new SqlOutboxRepository(peerExecutor, "sqlite"),
-        inbox: new SqlInboxRepository(peerExecutor, "sqlite"),
-      }],
-      async corrupt(id) {
-        await executor.query(
-          "UPDATE trellis_outbox SET headers = '{not json', kind = 'event.bogus' WHERE id = ?1",
-          [id],
-        );
-      },
-      close() {
-        peer.close();
-        db.close();
-        rmSync(dir, { recursive: true, force: true });
-        return Promise.resolve();
-      },
-    };
-  },
-});
+  test(`node ${driver.name}: an unmigrated or version 1 database gives OutboxSchemaError`, {
+    skip: driver.skip,
+  }, async () => {
+    const dir = mkdtempSync(join(tmpdir(), "outbox-schema-"));
+    const db = driver.open(join(dir, "app.db"));
+    try {
+      const record = {
+        id: "m-1",
+        kind: "event.publish",
+        name: "demo",
+        subject: "demo.a",
+        payload: "{}",
+        headers: {},
+      } as const;
+      const schemaError = (found: number, table = "trellis_outbox") => (error: unknown) => {
+        assert.ok(error instanceof OutboxSchemaError, String(error));
+        assert.equal(error.table, table);
+        assert.equal(error.foundVersion, found);
+        assert.match(error.message, /Run migrate\(\) or `outbox-nats migrate`/);
+        return true;
+      };
+      const outbox = new SqlOutboxRepository(db.executor, "sqlite");
+      const inbox = new SqlInboxRepository(db.executor, "sqlite");
+      await assert.rejects(outbox.enqueue(record), schemaError(0));
+      await assert.rejects(outbox.claimDue(10, new Date()), schemaError(0));
+      await assert.rejects(outbox.stats(), schemaError(0));
+      await assert.rejects(inbox.record("m-1"), schemaError(0, "trellis_inbox"));
+      await migrate(db.executor, { dialect: "sqlite", to: 1 });
+      await assert.rejects(outbox.enqueue(record), schemaError(1));
+      await assert.rejects(outbox.claimDue(10, new Date()), schemaError(1));
+      await assert.rejects(inbox.record("m-1"), schemaError(1, "trellis_inbox"));
+    } finally {
+      db.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+}
 
 const postgresUrl = testPostgresUrl();
 

@@ -6,6 +6,7 @@
  */
 
 import { assertOutboxIdentity } from "../../core/identity.ts";
+import { fenceVerdict, newClaimToken } from "../../core/fence.ts";
 import { addMs } from "../../core/time.ts";
 import type {
   JsonValue,
@@ -24,12 +25,36 @@ import type {
   OutboxRepository,
   OutboxStats,
 } from "../../core/types.ts";
-import { validateOutboxRecord } from "../../core/validate.ts";
+import {
+  checkedMaxPayloadBytes,
+  checkRecordSize,
+  validateOutboxRecord,
+} from "../../core/validate.ts";
 import { checkedBatchSize, checkedDate, checkedLeaseMs, checkedLimit } from "../../core/limits.ts";
 
 interface Entry {
   seq: number;
   message: OutboxMessage;
+}
+
+/**
+ * Options for {@linkcode MemoryOutboxRepository}.
+ *
+ * @example
+ * ```ts
+ * import type { MemoryOutboxRepositoryOptions } from "@outbox/nats";
+ * const options: MemoryOutboxRepositoryOptions = { maxPayloadBytes: 8 * 1024 * 1024 };
+ * ```
+ */
+export interface MemoryOutboxRepositoryOptions {
+  /**
+   * Largest record accepted at enqueue: payload plus headers, in bytes. A larger one is refused
+   * with `OutboxPayloadTooLargeError` (NATS would refuse to publish it). Raise it only when your
+   * server's `max_payload` is larger than NATS's default 1 MiB.
+   *
+   * @default {983040 (1 MiB less 64 KiB for the headers the dispatcher adds)}
+   */
+  maxPayloadBytes?: number;
 }
 
 /**
@@ -57,11 +82,18 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
   #dispatched = new Map<string, Entry>();
   #dead = new Map<string, Entry>();
   #seq = 0;
+  readonly #maxPayloadBytes: number;
+
+  /** Creates an empty outbox; throws `OutboxValidationError` for a bad option. */
+  constructor(options: MemoryOutboxRepositoryOptions = {}) {
+    this.#maxPayloadBytes = checkedMaxPayloadBytes(options.maxPayloadBytes);
+  }
 
   /** Stores a record as `pending`; see {@linkcode OutboxRepository.enqueue}. */
   enqueue(record: OutboxRecord, options: OutboxEnqueueOptions = {}): Promise<OutboxMessage> {
     try {
       const valid = validateOutboxRecord(record);
+      checkRecordSize(valid, this.#maxPayloadBytes);
       return Promise.resolve(this.#enqueue(valid, new Date(), options.contextHeaders));
     } catch (error) {
       return Promise.reject(error);
@@ -73,8 +105,11 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
     records: readonly OutboxRecord[],
     options: OutboxEnqueueOptions = {},
   ): Promise<OutboxMessage[]> {
+    // contextHeaders may be a one-shot iterator, and it is read once per comparison.
+    options = { ...options, contextHeaders: options.contextHeaders && [...options.contextHeaders] };
     try {
       const valid = records.map(validateOutboxRecord);
+      for (const record of valid) checkRecordSize(record, this.#maxPayloadBytes);
       // Check identities first so a conflict stores nothing.
       const seen = new Map<string, OutboxRecord>();
       for (const record of valid) {
@@ -103,6 +138,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       const max = checkedLimit(limit);
       const nowIso = checkedDate(now, "now");
       const leaseUntil = addMs(now, checkedLeaseMs(options.leaseMs)).toISOString();
+      const claimToken = newClaimToken();
       const claimed: OutboxMessage[] = [];
       for (const entry of this.#active.values()) {
         if (claimed.length >= max) break;
@@ -112,6 +148,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
         message.attempts += 1;
         message.updatedAt = nowIso;
         message.nextAttemptAt = leaseUntil;
+        message.claimToken = claimToken;
         claimed.push(copy(message));
       }
       return Promise.resolve(claimed);
@@ -142,9 +179,20 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
     return Promise.resolve(this.#mark({ claim, state: "dead", error: dead.error }, dead.now));
   }
 
-  /** Settles many claims; one boolean per mark. */
+  /**
+   * Settles many claims, in input order; one boolean per mark. Every mark is checked before
+   * any is applied, so an invalid one (a bad `nextAttemptAt`) throws with nothing applied.
+   */
   markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
-    return Promise.resolve(marks.map((mark) => this.#mark(mark, now)));
+    try {
+      checkedDate(now, "now");
+      for (const mark of marks) {
+        if (mark?.state === "failed") checkedDate(mark.nextAttemptAt, "nextAttemptAt");
+      }
+      return Promise.resolve(marks.map((mark) => this.#mark(mark, now)));
+    } catch (error) {
+      return Promise.reject(error);
+    }
   }
 
   /** Deletes old dispatched (and dead) messages in batches of `batchSize`. */
@@ -281,16 +329,10 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   #mark(mark: OutboxMark, now: Date): boolean {
-    const entry = this.#active.get(mark.claim.id);
-    const message = entry?.message;
-    if (
-      !entry || !message || message.state !== "claimed" ||
-      message.attempts !== mark.claim.attempts ||
-      (mark.claim.nextAttemptAt !== undefined &&
-        mark.claim.nextAttemptAt !== message.nextAttemptAt)
-    ) {
-      return false;
-    }
+    const entry = this.#all.get(mark.claim?.id);
+    const verdict = fenceVerdict(entry?.message, mark.claim, mark.state);
+    if (verdict !== "apply") return verdict === "applied";
+    const message = entry!.message;
     const nowIso = checkedDate(now, "now");
     const nextAttemptAt = mark.state === "failed"
       ? checkedDate(mark.nextAttemptAt, "nextAttemptAt")
@@ -302,7 +344,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
         delete message.nextAttemptAt;
         delete message.lastError;
         if (mark.outcome !== undefined) message.outcome = cloneJson(mark.outcome);
-        this.#move(entry, this.#dispatched);
+        this.#move(entry!, this.#dispatched);
         break;
       case "failed":
         message.nextAttemptAt = nextAttemptAt;
@@ -311,7 +353,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       case "dead":
         delete message.nextAttemptAt;
         message.lastError = mark.error;
-        this.#move(entry, this.#dead);
+        this.#move(entry!, this.#dead);
         break;
     }
     return true;

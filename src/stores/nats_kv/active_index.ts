@@ -68,6 +68,7 @@ export class ActiveIndex {
   #generation = 0;
   #lastRevision = 0;
   #lastEventMs = 0;
+  #serverTimeMs = 0;
   #live = false;
   #closed = false;
   #waiters = new Set<Waiter>();
@@ -150,10 +151,26 @@ export class ActiveIndex {
     if (entry && revision > entry.markerRevision) entry.markerRevision = revision;
   }
 
-  /** Removes an entry whose marker this process deleted (or found useless). */
-  forget(markerKey: string): void {
+  /**
+   * Removes the entry of a marker this process deleted (or found useless). With
+   * `markerRevision` (the marker revision the caller observed), only when the index has not
+   * seen a newer write of that marker since (a requeue's new marker stays); without it, for a
+   * marker that can never come back (a dispatched message), whatever the entry.
+   */
+  forget(markerKey: string, markerRevision?: number): void {
     const entry = this.#entries.get(markerKey);
-    if (entry) this.#remove(entry);
+    if (!entry) return;
+    if (markerRevision !== undefined && entry.markerRevision > markerRevision) return;
+    this.#remove(entry);
+  }
+
+  /**
+   * The latest server time the watch has shown (the newest entry it delivered, the claims'
+   * sync barriers included), epoch ms; 0 before any. Ages of markers are measured against it,
+   * never against this process's clock.
+   */
+  serverTimeMs(): number {
+    return this.#serverTimeMs;
   }
 
   /** Number of active entries. */
@@ -283,6 +300,8 @@ export class ActiveIndex {
 
   #apply(entry: KvWatchEntry): void {
     this.#lastEventMs = Date.now();
+    const written = entry.created.getTime();
+    if (written > this.#serverTimeMs) this.#serverTimeMs = written;
     if (entry.revision > this.#lastRevision) this.#lastRevision = entry.revision;
     if (entry.key !== syncKey) {
       if (entry.operation === "PUT") this.#upsert(entry);

@@ -31,6 +31,7 @@ import {
   checkedLimit,
   nonNegative,
 } from "../../core/limits.ts";
+import { type FenceVerdict, fenceVerdict, newClaimToken } from "../../core/fence.ts";
 import { addMs } from "../../core/time.ts";
 import type {
   JsonValue,
@@ -75,7 +76,9 @@ import { rawPurger, removeIfUnchanged, scanLatest } from "./scan.ts";
 export interface NatsKvOutboxOptions {
   /**
    * How old a marker must be before a claim that finds no record behind it deletes it (a
-   * record write still in flight must not lose its marker).
+   * record write still in flight must not lose its marker). Measured on the NATS server's clock
+   * only: the marker's write time against the newest write time the watch has shown (the
+   * claims' own sync writes keep that current), so a skewed process clock changes nothing.
    *
    * @default {60000}
    */
@@ -215,6 +218,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     records: readonly OutboxRecord[],
     options: OutboxEnqueueOptions = {},
   ): Promise<OutboxMessage[]> {
+    // contextHeaders may be a one-shot iterator, and it is read once per comparison.
+    options = { ...options, contextHeaders: options.contextHeaders && [...options.contextHeaders] };
     const valid = records.map(validateOutboxRecord);
     if (valid.length === 0) return [];
     const first = new Map<string, OutboxRecord>();
@@ -277,6 +282,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const nowMs = now.getTime();
     const nowIso = now.toISOString();
     const leaseUntil = addMs(now, leaseMs).toISOString();
+    const claimToken = newClaimToken();
     const tried = new Set<string>();
     const claimed: Claimed[] = [];
     const failures: unknown[] = [];
@@ -324,10 +330,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         });
         const won = await Promise.all(
           due.map(({ entry, record, revision }) =>
-            this.#claimOne(entry, record, revision, nowIso, leaseUntil).catch((error) => {
-              failures.push(error);
-              return undefined;
-            })
+            this.#claimOne(entry, record, revision, nowIso, leaseUntil, claimToken).catch(
+              (error) => {
+                failures.push(error);
+                return undefined;
+              },
+            )
           ),
         );
         let gained = 0;
@@ -368,16 +376,35 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /**
-   * Settles many claims; one boolean per mark. Every mark's KV operations are issued at once
-   * (one write each for claims made by this repository, a read and a write otherwise), so a
-   * batch costs about one round trip, plus one for the marker updates. Rejects if the KV
-   * reports an error other than a lost race, after every mark has settled.
+   * Settles many claims; one boolean per mark (see {@linkcode OutboxClaim} for the rules). The
+   * marks of different ids are issued at once (one write each for claims made by this
+   * repository, a read and a write otherwise), so a batch costs about one round trip, plus one
+   * for the marker updates. Marks of the same id are settled one after the other in input
+   * order, so the first decides and the later ones see its effect. Rejects if the KV reports an
+   * error other than a lost race, after every mark has settled; calling it again with the same
+   * marks then reports the ones that had applied as `true`.
    */
   async markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
-    const settled = await Promise.allSettled(marks.map((mark) => this.#settle(mark, now)));
-    const failed = settled.find((result) => result.status === "rejected");
+    const chains = new Map<string, number[]>();
+    marks.forEach((mark, index) => {
+      const key = typeof mark?.claim?.id === "string" ? mark.claim.id : `\u0000${index}`;
+      const chain = chains.get(key);
+      if (chain) chain.push(index);
+      else chains.set(key, [index]);
+    });
+    const results = new Array<PromiseSettledResult<boolean>>(marks.length);
+    await Promise.all([...chains.values()].map(async (chain) => {
+      for (const index of chain) {
+        try {
+          results[index] = { status: "fulfilled", value: await this.#settle(marks[index], now) };
+        } catch (reason) {
+          results[index] = { status: "rejected", reason };
+        }
+      }
+    }));
+    const failed = results.find((result) => result.status === "rejected");
     if (failed) throw (failed as PromiseRejectedResult).reason;
-    return settled.map((result) => (result as PromiseFulfilledResult<boolean>).value);
+    return results.map((result) => (result as PromiseFulfilledResult<boolean>).value);
   }
 
   /**
@@ -775,6 +802,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     revision: number,
     nowIso: string,
     leaseUntil: string,
+    claimToken: string,
   ): Promise<Claimed | undefined> {
     const next: StoredOutboxRecord = {
       ...record,
@@ -783,6 +811,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       updatedAt: nowIso,
       nextAttemptAt: leaseUntil,
       seq: record.seq ?? entry.order,
+      claimToken,
     };
     let written: number;
     try {
@@ -805,24 +834,30 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     entry: ActiveEntry,
   ): Promise<{ record: StoredOutboxRecord; revision: number } | "dropped" | "waiting"> {
     const codec = await recordCodec();
+    // The marker as seen before the read: the watch may rewrite this entry meanwhile (a
+    // requeue's new marker), and only the marker observed here may be dropped.
+    const observed = entry.markerRevision;
+    const writtenMs = entry.markerWrittenMs;
     const got = await this.#kv.get(entry.recordKey);
     if (!got || got.operation !== "PUT") {
-      if (Date.now() - entry.markerWrittenMs < this.#orphanGraceMs) return "waiting";
-      await this.#dropMarker(entry);
+      // One clock: the marker's server timestamp against the server time the watch last showed.
+      if (this.#index.serverTimeMs() - writtenMs < this.#orphanGraceMs) return "waiting";
+      await this.#dropMarker(entry.markerKey, observed);
       return "dropped";
     }
     const decoded = codec.decodeRecord(got.value, entry.id);
     if (!decoded.ok || decoded.record.state === "dispatched" || decoded.record.state === "dead") {
       // A corrupt record loses its marker: it is dead from now on (get/listDead/stats say so).
-      await this.#dropMarker(entry);
+      await this.#dropMarker(entry.markerKey, observed);
       return "dropped";
     }
     return { record: decoded.record, revision: got.revision };
   }
 
-  async #dropMarker(entry: ActiveEntry): Promise<void> {
-    this.#index.forget(entry.markerKey);
-    await this.#kv.delete(entry.markerKey, { previousSeq: entry.markerRevision }).catch(() => {
+  /** Drops exactly the marker revision `observed`; a newer marker (a requeue's) stays. */
+  async #dropMarker(markerKey: string, observed: number): Promise<void> {
+    this.#index.forget(markerKey, observed);
+    await this.#kv.delete(markerKey, { previousSeq: observed }).catch(() => {
       // Changed meanwhile (requeued, rescheduled): the newer marker stays, as it should.
     });
   }
@@ -841,13 +876,15 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     }
     const key = await outboxRecordKey(claim.id);
     const cached = this.#claims.get(claim.id);
-    let current = cached && fenceHolds(cached.record, claim) ? cached : undefined;
+    let current = cached && verdictOf(cached.record, mark) === "apply" ? cached : undefined;
     for (let attempt = 0; attempt < 3; attempt++) {
       if (!current) {
         const got = await this.#kv.get(key);
         if (!got || got.operation !== "PUT") return false;
         const decoded = codec.decodeRecord(got.value, claim.id);
-        if (!decoded.ok || !fenceHolds(decoded.record, claim)) return false;
+        if (!decoded.ok) return false;
+        const verdict = verdictOf(decoded.record, mark);
+        if (verdict !== "apply") return verdict === "applied";
         current = { record: decoded.record, revision: got.revision };
       }
       const next = applyMark(current.record, mark, now.toISOString());
@@ -869,7 +906,6 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   /** Keeps the marker in step with a settled record (best effort: claims heal the rest). */
   async #afterMark(key: string, record: StoredOutboxRecord, revision: number): Promise<void> {
     const markerKey = markerKeyOf(key);
-    const known = this.#index.get(markerKey);
     try {
       if (record.state === "failed") {
         const marker: Marker = { v: 1, id: record.id, due: record.nextAttemptAt, rev: revision };
@@ -880,14 +916,16 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         this.#index.forget(markerKey);
         await this.#kv.delete(markerKey); // dispatched is final: nothing can revive the marker
       } else {
-        // dead can be requeued (which re-writes the marker): only delete the marker we know.
-        this.#index.forget(markerKey);
-        let previousSeq = known?.markerRevision;
-        if (previousSeq === undefined) {
-          const marker = await this.#kv.get(markerKey);
-          if (marker?.operation === "PUT") previousSeq = marker.revision;
-        }
-        if (previousSeq !== undefined) await this.#kv.delete(markerKey, { previousSeq });
+        // dead can be requeued, and a requeue right after this write puts a new marker that
+        // describes a newer record revision (`rev`): delete only a marker from before this
+        // write, exactly the revision read here (never the in-process index's idea of it).
+        const codec = await recordCodec();
+        const entry = await this.#kv.get(markerKey);
+        if (entry?.operation !== "PUT") return;
+        const marker = codec.decodeMarker(entry.value);
+        if (marker?.rev !== undefined && marker.rev > revision) return;
+        this.#index.forget(markerKey, entry.revision);
+        await this.#kv.delete(markerKey, { previousSeq: entry.revision });
       }
     } catch {
       // The record is settled; a stale marker is removed by the next claim that reads it.
@@ -965,9 +1003,8 @@ function errorNamed(error: unknown, name: string): boolean {
 /** Most records a claim reads in one round when its index hints turn out stale. */
 const maxReadAhead = 512;
 
-function fenceHolds(record: StoredOutboxRecord, claim: OutboxClaim): boolean {
-  return record.state === "claimed" && record.attempts === claim.attempts &&
-    (claim.nextAttemptAt === undefined || claim.nextAttemptAt === record.nextAttemptAt);
+function verdictOf(record: StoredOutboxRecord, mark: OutboxMark): FenceVerdict {
+  return fenceVerdict(record, mark.claim, mark.state);
 }
 
 function applyMark(

@@ -53,6 +53,8 @@ export const StoredOutboxRecordSchema = Type.Object({
   outcome: Type.Optional(Type.Unknown()),
   /** Enqueue order (a stream sequence), written on the first claim; keeps FIFO across requeue. */
   seq: Type.Optional(Type.Integer({ minimum: 1 })),
+  /** The fencing token of the latest claim, written by every claim, compared by every mark. */
+  claimToken: Type.Optional(Type.String({ minLength: 1 })),
 });
 
 /** Schema of an active-index marker (`q.<token>`). */

@@ -41,6 +41,8 @@ export interface StoredOutboxRecord {
   lastError?: string;
   outcome?: JsonValue;
   seq?: number;
+  /** The fencing token of the latest claim (see `OutboxClaim`). */
+  claimToken?: string;
 }
 
 /** An active-index marker. */
@@ -89,6 +91,7 @@ export function toMessage(record: StoredOutboxRecord): OutboxMessage {
   if (record.nextAttemptAt !== undefined) message.nextAttemptAt = record.nextAttemptAt;
   if (record.lastError !== undefined) message.lastError = record.lastError;
   if (record.outcome !== undefined) message.outcome = structuredClone(record.outcome);
+  if (record.claimToken !== undefined) message.claimToken = record.claimToken;
   return message;
 }
 

@@ -15,6 +15,17 @@
 export class ConnectionQueue {
   #tail: Promise<unknown> = Promise.resolve();
   #entries = 0;
+  /**
+   * When an entry first found the transaction that is open on the connection (one the library
+   * did not open) still open, or `undefined` once an entry found the connection free: entries
+   * queued behind the first one waiting for it count their wait from then, not from their turn.
+   */
+  foreignSince: number | undefined;
+  /**
+   * Whether a transaction the library began is open on the connection (so an open transaction
+   * is not a foreign one that a `"join"` executor may run in, even while entries wait).
+   */
+  ownTransactionOpen = false;
 
   /** Whether an entry is running or waiting: a new statement must queue, not run at once. */
   get busy(): boolean {

@@ -46,6 +46,7 @@ export function decodeOutboxRow(row: SqlRow): OutboxMessage {
   if (row.last_error !== null && row.last_error !== undefined) {
     message.lastError = text(row.last_error) ?? fail(`last_error is ${describe(row.last_error)}`);
   }
+  if (typeof row.claim_token === "string") message.claimToken = row.claim_token;
   if (row.outcome !== null && row.outcome !== undefined) {
     const outcome = decodeJson(row.outcome, "outcome", fail);
     message.outcome = typeof outcome === "string" ? unwrapStructuredJsonText(outcome) : outcome;
@@ -90,6 +91,7 @@ export function decodeOutboxRowLoosely(row: SqlRow): OutboxMessage {
   if (next !== undefined) message.nextAttemptAt = next;
   const lastError = text(row.last_error);
   if (lastError !== undefined) message.lastError = lastError;
+  if (typeof row.claim_token === "string") message.claimToken = row.claim_token;
   if (row.outcome !== null && row.outcome !== undefined) {
     const outcome = attempt(() => decodeJson(row.outcome, "outcome", never), undefined);
     if (outcome !== undefined) message.outcome = outcome;

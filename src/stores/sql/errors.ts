@@ -51,18 +51,32 @@ export class SqlForeignTransactionError extends Error {
   }
 }
 
-/** Waits until `open()` is false, polling with a growing interval; throws after `timeoutMs`. */
-export async function waitForForeignTransaction(
+/**
+ * Waits until `open()` is false, polling with a growing interval, then calls `then` in the same
+ * synchronous step as the check that found the connection free (an await in between would let
+ * other code open a transaction that `then`'s statement would join); throws after `timeoutMs`.
+ */
+export async function waitForForeignTransaction<T>(
   open: () => boolean,
   timeoutMs: number,
   driver: string,
-): Promise<void> {
-  const started = Date.now();
+  then: () => T | Promise<T>,
+  clock: { calledAt: number; queue: { foreignSince: number | undefined } } = {
+    calledAt: Date.now(),
+    queue: { foreignSince: undefined },
+  },
+): Promise<T> {
+  // The wait counts from the call, or from when the queue first saw this foreign transaction
+  // if that is later: callers queued behind one another all fail within `timeoutMs` of it.
   let delay = 1;
   while (open()) {
-    const waited = Date.now() - started;
+    const now = Date.now();
+    clock.queue.foreignSince ??= now;
+    const waited = now - Math.max(clock.calledAt, clock.queue.foreignSince);
     if (waited >= timeoutMs) throw new SqlForeignTransactionError(driver, timeoutMs);
     await new Promise((resolve) => setTimeout(resolve, Math.min(delay, timeoutMs - waited)));
     delay = Math.min(delay * 2, 25);
   }
+  clock.queue.foreignSince = undefined;
+  return await then();
 }

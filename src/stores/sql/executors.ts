@@ -252,12 +252,27 @@ export function pgExecutor(queryable: PgQueryable, options: PgExecutorOptions = 
         return value === "T" || value === "E";
       }
       : undefined;
+    // The client's status is only as fresh as its last completed query: a BEGIN the caller
+    // sent just before ours may still be on the wire. One round trip tells exactly whether our
+    // BEGIN started the transaction: within one simple-protocol message, the transaction start
+    // time equals the statement time only for a transaction this message began.
+    const begin = foreign &&
+      (async (): Promise<boolean> => {
+        const result: unknown = await queryable.query(
+          "BEGIN; SELECT now() = statement_timestamp() AS fresh",
+        );
+        const rows = Array.isArray(result)
+          ? (result[1] as { rows?: SqlRow[] } | undefined)?.rows
+          : undefined;
+        return rows?.[0]?.fresh !== false;
+      });
     return singleConnection(
       queryable,
       direct,
       foreign,
       "node-postgres",
       nonNegative("openTransactionTimeoutMs", options.openTransactionTimeoutMs ?? 5_000),
+      begin,
     );
   }
   return {
@@ -385,7 +400,9 @@ export interface SqliteExecutorOptions {
    */
   openTransaction?: "wait" | "join";
   /**
-   * How long `"wait"` waits for a foreign transaction to end before it throws.
+   * How long `"wait"` waits for a foreign transaction to end before it throws, counted from
+   * the call (or from when the connection's queue first saw that transaction, if later), so
+   * callers queued behind one another fail together rather than one timeout after another.
    *
    * @default {5000}
    */
@@ -445,8 +462,8 @@ export function nodeSqliteExecutor(
 }
 
 /**
- * An executor over a better-sqlite3 `Database` (for Node, which has no `node:sqlite` before
- * version 22). Statements that return rows run with `.all()`, the others with `.run()`
+ * An executor over a better-sqlite3 `Database` (for a Node without `node:sqlite`, which came in
+ * 22.5). Statements that return rows run with `.all()`, the others with `.run()`
  * (better-sqlite3's `.all()` throws for statements without results). Prepared statements are
  * cached by SQL text; parameters are mapped as in {@linkcode nodeSqliteExecutor}, and
  * transactions are queued per database object and never join a transaction the library did not
@@ -454,10 +471,10 @@ export function nodeSqliteExecutor(
  *
  * @example
  * ```ts ignore
- * import Database from "better-sqlite3";
- * import { betterSqlite3Executor, migrate, SqlOutboxRepository } from "@outbox/nats";
+ * import { type BetterSqlite3Database, betterSqlite3Executor, migrate, SqlOutboxRepository } from "@outbox/nats";
  *
- * const db = new Database("app.db");
+ * // import Database from "better-sqlite3"; const db = new Database("app.db");
+ * declare const db: BetterSqlite3Database & { pragma(source: string): unknown };
  * db.pragma("journal_mode = WAL");
  * const executor = betterSqlite3Executor(db);
  * await migrate(executor, { dialect: "sqlite" });
@@ -568,10 +585,12 @@ function sqliteConnection(
       return Promise.reject(error);
     }
   };
-  // Waiting and running happen in one synchronous step after the wait, so no foreign BEGIN can
-  // slip in between the check and the statement.
-  const notInForeign = () =>
-    join ? undefined : waitForForeignTransaction(openedElsewhere, timeoutMs, driver);
+  // The check that finds the connection free and the first statement happen in one synchronous
+  // step (`then`), so no foreign BEGIN can slip in between them.
+  const notInForeign = <T>(then: () => T | Promise<T>, calledAt: number): Promise<T> =>
+    join
+      ? Promise.resolve().then(then)
+      : waitForForeignTransaction(openedElsewhere, timeoutMs, driver, then, { calledAt, queue });
   const savepoint = async <T>(fn: (tx: SqlExecutor) => Promise<T>, tx: SqlExecutor) => {
     const name = `outbox_sp_${++savepointCounter}`;
     exec(`SAVEPOINT ${name}`);
@@ -589,33 +608,45 @@ function sqliteConnection(
     query: direct,
     transaction: (fn) => savepoint(fn, handle),
   };
+  /** Runs `fn` in the transaction just begun; commits, or rolls back when it throws. */
+  const ownTransaction = async <T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> => {
+    queue.ownTransactionOpen = true;
+    try {
+      const value = await fn(handle);
+      exec("COMMIT");
+      return value;
+    } catch (error) {
+      try {
+        if (openedElsewhere()) exec("ROLLBACK");
+      } catch {
+        // SQLite may already have rolled back (for example after SQLITE_FULL)
+      }
+      throw error;
+    } finally {
+      queue.ownTransactionOpen = false;
+    }
+  };
+  // In "join" mode, a transaction open on the connection that the library did not begin is the
+  // caller's own: run in it at once, never behind entries that wait for it to end (those would
+  // wait for the caller, and the caller for them, until the timeout).
+  const inCallersTransaction = () => join && !queue.ownTransactionOpen && openedElsewhere();
   return {
     query(sql, params) {
+      if (inCallersTransaction()) return direct(sql, params);
       if (!queue.busy && (join || !openedElsewhere())) return direct(sql, params);
-      return queue.run(async () => {
-        await notInForeign();
-        return run(sql, params);
-      });
+      const calledAt = Date.now();
+      return queue.run(() => notInForeign(() => run(sql, params), calledAt));
     },
     transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
-      if (join && !queue.busy && openedElsewhere()) return savepoint(fn, handle);
-      return queue.run(async () => {
-        await notInForeign();
-        if (join && openedElsewhere()) return await savepoint(fn, handle);
-        exec("BEGIN IMMEDIATE");
-        try {
-          const value = await fn(handle);
-          exec("COMMIT");
-          return value;
-        } catch (error) {
-          try {
-            if (openedElsewhere()) exec("ROLLBACK");
-          } catch {
-            // SQLite may already have rolled back (for example after SQLITE_FULL)
-          }
-          throw error;
-        }
-      });
+      if (inCallersTransaction()) return savepoint(fn, handle);
+      const calledAt = Date.now();
+      return queue.run(() =>
+        notInForeign(() => {
+          if (join && openedElsewhere()) return savepoint(fn, handle);
+          exec("BEGIN IMMEDIATE");
+          return ownTransaction(fn);
+        }, calledAt)
+      );
     },
   };
 }
@@ -636,17 +667,44 @@ function singleConnection(
   foreign: (() => boolean) | undefined,
   driver: string,
   timeoutMs: number,
+  beginOwn?: () => Promise<boolean>,
 ): SqlExecutor {
   const queue = connectionQueue(connection);
   const handle = transactionHandle(direct);
+  // BEGIN, once no transaction opened elsewhere is open (waited for, bounded). `beginOwn`
+  // resolves false when its BEGIN landed in a transaction that a statement sent just before it
+  // opened (a no-op then): that one is waited for too, and BEGIN sent again. From the check on,
+  // an open transaction is the library's (`ownTransactionOpen`), not the caller's.
+  const begin = async (calledAt: number): Promise<void> => {
+    const mine = () => {
+      queue.ownTransactionOpen = true;
+    };
+    for (;;) {
+      if (foreign) {
+        await waitForForeignTransaction(foreign, timeoutMs, driver, mine, { calledAt, queue });
+      } else mine();
+      if (!beginOwn) return void await direct("BEGIN", []);
+      if (await beginOwn()) return;
+      queue.ownTransactionOpen = false;
+    }
+  };
   return {
     query(text, params) {
-      return queue.busy ? queue.run(() => direct(text, params)) : direct(text, params);
+      // Queued while a library transaction is open or pending, except inside the caller's own
+      // BEGIN (pending library transactions wait for it: they must not be waited for).
+      if (!queue.busy || (foreign && !queue.ownTransactionOpen && foreign())) {
+        return direct(text, params);
+      }
+      return queue.run(() => direct(text, params));
     },
     transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
+      const calledAt = Date.now();
       return queue.run(async () => {
-        if (foreign) await waitForForeignTransaction(foreign, timeoutMs, driver);
-        return await manualTransaction(handle, fn);
+        try {
+          return await manualTransaction(handle, fn, undefined, () => begin(calledAt));
+        } finally {
+          queue.ownTransactionOpen = false;
+        }
       });
     },
   };
@@ -688,8 +746,9 @@ async function manualTransaction<T>(
   executor: SqlExecutor,
   fn: (tx: SqlExecutor) => Promise<T>,
   onRollbackFailure?: () => void,
+  begin: () => Promise<unknown> = () => executor.query("BEGIN", []),
 ): Promise<T> {
-  await executor.query("BEGIN", []);
+  await begin();
   let result: T;
   try {
     result = await fn(executor);

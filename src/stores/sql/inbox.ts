@@ -17,6 +17,7 @@ import type {
 import { integer } from "./decode.ts";
 import { type OutboxStatements, outboxStatements } from "./dialects.ts";
 import type { SqlExecutor } from "./executors.ts";
+import { withSchemaErrors } from "./schema_errors.ts";
 import {
   checkDialect,
   type ResolvedSqlOutboxTables,
@@ -44,7 +45,10 @@ import {
  * ```
  */
 export class SqlInboxRepository implements InboxRepository, InboxAdmin {
-  /** The executor statements run on. */
+  /**
+   * The executor statements run on: yours, with a missing table or column reported as
+   * `OutboxSchemaError`.
+   */
   readonly executor: SqlExecutor;
   /** The SQL dialect. */
   readonly dialect: SqlDialect;
@@ -63,7 +67,7 @@ export class SqlInboxRepository implements InboxRepository, InboxAdmin {
     if (typeof executor?.query !== "function") {
       throw new OutboxValidationError("executor", "SQL executor must have query(sql, params)");
     }
-    this.executor = executor;
+    this.executor = withSchemaErrors(executor, this.dialect, this.tables, this.tables.inbox);
     this.#sql = outboxStatements(this.dialect, this.tables, false);
   }
 

@@ -7,7 +7,8 @@
  * (backfilled in `created_at, id` order), a partial index over the rows still to dispatch (so
  * claims cost the same however much history is kept), a partial index for retention, and the
  * inbox consumer scope (primary key `(consumer, message_id)`). The `dead` state needs no DDL
- * (there is no state constraint); version 2's indexes leave dead rows out of claims.
+ * (there is no state constraint); version 2's indexes leave dead rows out of claims. Version 3
+ * (`schema_v3.ts`) adds the claim token and the indexes of the flat-cost claim, in place.
  *
  * @module
  */
@@ -17,15 +18,19 @@ import type { SqlExecutor, SqlRow } from "./executors.ts";
 import {
   inboxColumnsV1,
   inboxColumnsV2,
+  inboxColumnsV3,
   indexesV2,
   outboxColumnsV1,
   outboxColumnsV2,
+  outboxColumnsV3,
   schemaV1,
   schemaV1Down,
+  schemaV2Fresh,
   sqliteInboxTable,
   sqliteOutboxTable,
 } from "./schema.ts";
 import { createPostgresOutboxSchema, createSqliteOutboxSchema } from "./schema.ts";
+import { schemaV3Down, schemaV3Up } from "./schema_v3.ts";
 import {
   checkDialect,
   type ResolvedSqlOutboxTables,
@@ -104,6 +109,7 @@ export function getSqlOutboxMigrations(
       dialect === "postgres" ? postgresV2Up(t) : sqliteV2Up(t),
       dialect === "postgres" ? postgresV2Down(t) : sqliteV2Down(t),
     ),
+    artifact(dialect, 3, schemaV3Up(dialect, t), schemaV3Down(dialect, t)),
   ]);
 }
 
@@ -312,7 +318,7 @@ export interface MigrateResult {
  * import { DatabaseSync } from "node:sqlite";
  * import { migrate, nodeSqliteExecutor } from "@outbox/nats";
  * const result = await migrate(nodeSqliteExecutor(new DatabaseSync(":memory:")), { dialect: "sqlite" });
- * console.log(result.from, "->", result.to); // 0 -> 2
+ * console.log(result.from, "->", result.to); // 0 -> 3
  * ```
  */
 export async function migrate(
@@ -403,6 +409,8 @@ async function migrateLocked(
       // Complete what an interrupted or partial setup may have left out (both are idempotent).
       const ddl = shape === 1
         ? schemaV1(dialect, t)
+        : shape === 2
+        ? schemaV2Fresh(dialect, t)
         : dialect === "postgres"
         ? createPostgresOutboxSchema(t)
         : createSqliteOutboxSchema(t);
@@ -455,6 +463,7 @@ async function detectShape(
     (actual.length === expected.length && expected.every((column) => actual.includes(column)));
   if (same(outbox, outboxColumnsV1) && same(inbox, inboxColumnsV1)) return 1;
   if (same(outbox, outboxColumnsV2) && same(inbox, inboxColumnsV2)) return 2;
+  if (same(outbox, outboxColumnsV3) && same(inbox, inboxColumnsV3)) return 3;
   throw new OutboxMigrationError(
     "unrecognised",
     `Tables ${t.outbox} (${outbox.join(", ") || "missing"}) and ${t.inbox} (${

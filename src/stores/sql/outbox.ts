@@ -12,6 +12,7 @@ import {
 } from "../../core/errors.ts";
 import { assertOutboxIdentity } from "../../core/identity.ts";
 import { checkedBatchSize, checkedDate, checkedLeaseMs, checkedLimit } from "../../core/limits.ts";
+import { newClaimToken } from "../../core/fence.ts";
 import { addMs, toIsoTimestamp } from "../../core/time.ts";
 import type {
   JsonValue,
@@ -30,11 +31,16 @@ import type {
   OutboxRepository,
   OutboxStats,
 } from "../../core/types.ts";
-import { validateOutboxRecord } from "../../core/validate.ts";
+import {
+  checkedMaxPayloadBytes,
+  checkRecordSize,
+  validateOutboxRecord,
+} from "../../core/validate.ts";
 import { decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
 import { type OutboxStatements, outboxStatements } from "./dialects.ts";
 import type { SqlExecutor, SqlRow } from "./executors.ts";
-import { outboxColumnsV2 } from "./schema.ts";
+import { outboxColumnsV3 } from "./schema.ts";
+import { withSchemaErrors } from "./schema_errors.ts";
 import {
   checkDialect,
   type ResolvedSqlOutboxTables,
@@ -63,6 +69,15 @@ export interface SqlOutboxRepositoryOptions {
    * @default {false}
    */
   notify?: boolean | string;
+  /**
+   * Largest record accepted at enqueue: payload plus headers, in bytes. A larger one is refused
+   * with `OutboxPayloadTooLargeError` before any statement runs (NATS would refuse to publish
+   * it, so it could only go dead). Raise it only when your server's `max_payload` is larger than
+   * NATS's default 1 MiB.
+   *
+   * @default {983040 (1 MiB less 64 KiB for the headers the dispatcher adds)}
+   */
+  maxPayloadBytes?: number;
 }
 
 /**
@@ -77,7 +92,7 @@ export interface SqlOutboxRepositoryOptions {
  * Claims are one statement (Postgres: `FOR UPDATE SKIP LOCKED`), FIFO by enqueue order, and
  * read only rows still to dispatch through a partial index, so their cost does not grow with
  * the dispatched history kept. `markMany` settles a batch in one statement, fenced per row.
- * Needs schema version 2: run {@linkcode migrate} (or the artifacts of
+ * Needs schema version 3: run {@linkcode migrate} (or the artifacts of
  * `getSqlOutboxMigrations`) first.
  *
  * @example
@@ -97,7 +112,10 @@ export interface SqlOutboxRepositoryOptions {
  * ```
  */
 export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
-  /** The executor statements run on. */
+  /**
+   * The executor statements run on: yours, with a missing table or column reported as
+   * `OutboxSchemaError`.
+   */
   readonly executor: SqlExecutor;
   /** The SQL dialect. */
   readonly dialect: SqlDialect;
@@ -105,6 +123,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   readonly tables: ResolvedSqlOutboxTables;
   readonly #sql: OutboxStatements;
   readonly #channel: string | undefined;
+  readonly #maxPayloadBytes: number;
 
   /**
    * Creates the repository. Throws `OutboxValidationError` for an unknown dialect, a table name
@@ -121,14 +140,16 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     if (typeof executor?.query !== "function") {
       throw new OutboxValidationError("executor", "SQL executor must have query(sql, params)");
     }
-    this.executor = executor;
+    this.executor = withSchemaErrors(executor, this.dialect, this.tables, this.tables.outbox);
     this.#channel = notifyChannel(options.notify, this.dialect, this.tables);
     this.#sql = outboxStatements(this.dialect, this.tables, this.#channel !== undefined);
+    this.#maxPayloadBytes = checkedMaxPayloadBytes(options.maxPayloadBytes);
   }
 
   /** Stores a record as `pending` (one statement); see {@linkcode OutboxRepository.enqueue}. */
   async enqueue(record: OutboxRecord, options: OutboxEnqueueOptions = {}): Promise<OutboxMessage> {
     const valid = validateOutboxRecord(record);
+    checkRecordSize(valid, this.#maxPayloadBytes);
     const now = new Date().toISOString();
     const params: unknown[] = [
       valid.id,
@@ -159,7 +180,10 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     records: readonly OutboxRecord[],
     options: OutboxEnqueueOptions = {},
   ): Promise<OutboxMessage[]> {
+    // contextHeaders may be a one-shot iterator, and it is read once per comparison.
+    options = { ...options, contextHeaders: options.contextHeaders && [...options.contextHeaders] };
     const valid = records.map(validateOutboxRecord);
+    for (const record of valid) checkRecordSize(record, this.#maxPayloadBytes);
     const firsts = new Map<string, OutboxRecord>();
     for (const record of valid) {
       const earlier = firsts.get(record.id);
@@ -225,7 +249,8 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     const leaseMs = checkedLeaseMs(options.leaseMs);
     const nowIso = checkedDate(now, "now");
     const lease = addMs(now, leaseMs).toISOString();
-    const rows = await this.executor.query(this.#sql.claim, [nowIso, lease, max]);
+    const token = newClaimToken();
+    const rows = await this.executor.query(this.#sql.claim, [nowIso, lease, max, token]);
     if (rows.length > 0) checkColumns(rows[0]);
     // RETURNING gives no order: restore the claim order (seq).
     rows.sort((a, b) => (integer(a.seq) ?? 0) - (integer(b.seq) ?? 0));
@@ -239,7 +264,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
           : new OutboxCorruptRecordError(undefined, String(error), { cause: error });
         await this.executor.query(this.#sql.deadCorrupt, [
           row.seq,
-          lease,
+          token,
           reason.message,
           nowIso,
         ]);
@@ -272,13 +297,17 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /**
-   * Settles a batch of claims in ONE statement, each fenced by state `claimed`, attempts and
-   * lease expiry. Returns one boolean per mark. (A batch naming one id twice is settled in
-   * order, one statement per repetition, so the later mark sees the earlier one's effect.)
+   * Settles a batch of claims in ONE statement, each fenced as {@linkcode OutboxClaim} says (by
+   * its `claimToken`; without one, by state `claimed`, attempts and lease expiry). Returns one
+   * boolean per mark. When a mark with a token does not apply, a second statement checks
+   * whether the same claim had already applied it (a retry after a lost reply): then it is
+   * `true`. A batch naming one id twice is settled in input order, one statement per
+   * repetition, so a later mark sees the earlier one's effect.
    */
   async markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
     if (marks.length === 0) return [];
     const nowIso = checkedDate(now, "now");
+    const encoded = marks.map(encodeMark); // every mark checked before anything is sent
     const results = new Array<boolean>(marks.length).fill(false);
     // Split into rounds with unique ids (normally exactly one round).
     let remaining = marks.map((mark, index) => ({ mark, index }));
@@ -287,20 +316,20 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       const round: typeof remaining = [];
       const later: typeof remaining = [];
       for (const entry of remaining) {
-        const id = entry.mark.claim?.id;
+        const id = entry.mark?.claim?.id;
         if (typeof id === "string" && seen.has(id)) later.push(entry);
         else {
           if (typeof id === "string") seen.add(id);
           round.push(entry);
         }
       }
-      const payload = [];
+      const payload: EncodedMark[] = [];
       const indexById = new Map<string, number>();
-      for (const { mark, index } of round) {
-        const encoded = encodeMark(mark);
-        if (!encoded) continue; // cannot match any row: stays false
-        payload.push(encoded);
-        indexById.set(encoded.id, index);
+      for (const { index } of round) {
+        const mark = encoded[index];
+        if (!mark) continue; // cannot match any row: stays false
+        payload.push(mark);
+        indexById.set(mark.id, index);
       }
       if (payload.length > 0) {
         const rows = await this.executor.query(this.#sql.markMany, [
@@ -310,6 +339,20 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
         for (const row of rows) {
           const index = indexById.get(row.id as string);
           if (index !== undefined) results[index] = true;
+        }
+        const unsure = payload.filter((mark) =>
+          mark.token !== null && !results[indexById.get(mark.id)!]
+        );
+        if (unsure.length > 0) {
+          const applied = await this.executor.query(this.#sql.markApplied, [
+            JSON.stringify(
+              unsure.map(({ id, attempts, token, state }) => ({ id, attempts, token, state })),
+            ),
+          ]);
+          for (const row of applied) {
+            const index = indexById.get(row.id as string);
+            if (index !== undefined) results[index] = true;
+          }
         }
       }
       remaining = later;
@@ -392,6 +435,7 @@ interface EncodedMark {
   id: string;
   attempts: number;
   lease: string | null;
+  token: string | null;
   state: "dispatched" | "failed" | "dead";
   error: string | null;
   next: string | null;
@@ -401,14 +445,17 @@ interface EncodedMark {
 /** A mark as JSON for the batch statement; `undefined` when it can never match a row. */
 function encodeMark(mark: OutboxMark): EncodedMark | undefined {
   const claim = mark?.claim;
-  if (typeof claim?.id !== "string" || !Number.isSafeInteger(claim.attempts)) return undefined;
+  if (typeof claim?.id !== "string") return undefined;
+  const token = claim.claimToken;
+  if (token !== undefined && typeof token !== "string") return undefined;
+  if (!Number.isSafeInteger(claim.attempts)) return undefined;
   let lease: string | null = null;
-  if (claim.nextAttemptAt !== undefined) {
+  if (token === undefined && claim.nextAttemptAt !== undefined) {
     const normalised = toIsoTimestamp(claim.nextAttemptAt);
     if (normalised === undefined) return undefined;
     lease = normalised;
   }
-  const base = { id: claim.id, attempts: claim.attempts, lease };
+  const base = { id: claim.id, attempts: claim.attempts, lease, token: token ?? null };
   switch (mark.state) {
     case "dispatched":
       return {
@@ -448,7 +495,7 @@ function copyMessage(message: OutboxMessage): OutboxMessage {
  * (the rows stay leased and are claimed again later) instead of dead-lettering every message.
  */
 function checkColumns(row: SqlRow): void {
-  const missing = outboxColumnsV2.filter((column) => !(column in row));
+  const missing = outboxColumnsV3.filter((column) => !(column in row));
   if (missing.length > 0) {
     throw new OutboxValidationError(
       "executor",

@@ -5,6 +5,7 @@
  * @module
  */
 
+import { indexesV3, outboxColumnsAddedInV3, withV3Columns } from "./schema_v3.ts";
 import {
   type ResolvedSqlOutboxTables,
   resolveSqlOutboxTables,
@@ -34,6 +35,13 @@ export const inboxColumnsV1: readonly string[] = ["message_id", "received_at"];
 export const outboxColumnsV2: readonly string[] = [...outboxColumnsV1, "seq"];
 /** Inbox columns of schema version 2 (`consumer`, the scope, is appended). */
 export const inboxColumnsV2: readonly string[] = [...inboxColumnsV1, "consumer"];
+/** Outbox columns of schema version 3 (see `schema_v3.ts`). */
+export const outboxColumnsV3: readonly string[] = [
+  ...outboxColumnsV2,
+  ...outboxColumnsAddedInV3.map((column) => column.name),
+];
+/** Inbox columns of schema version 3 (unchanged). */
+export const inboxColumnsV3: readonly string[] = inboxColumnsV2;
 
 /** The states whose rows a claim may still take; the claim index covers exactly these. */
 export const activeStatesSql = "state IN ('pending', 'claimed', 'failed')";
@@ -101,21 +109,35 @@ export function indexesV2(
   ];
 }
 
-function currentSchema(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
-  const tables = dialect === "postgres"
+/** The version 2 schema as idempotent statements (to complete an adopted version 2 database). */
+export function schemaV2Fresh(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
+  return [...v2Tables(dialect, t), ...indexesV2(dialect, t, true)];
+}
+
+function v2Tables(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
+  return dialect === "postgres"
     ? [
       postgresOutboxTable(t.outbox),
       `CREATE TABLE IF NOT EXISTS ${t.inbox} (message_id text NOT NULL, received_at timestamptz NOT NULL, consumer text NOT NULL DEFAULT '', CONSTRAINT ${t.inbox}_pkey PRIMARY KEY (consumer, message_id))`,
     ]
     : [sqliteOutboxTable(t.outbox, true), sqliteInboxTable(t.inbox, true)];
-  return [...tables, ...indexesV2(dialect, t, true)];
+}
+
+function currentSchema(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
+  const [outbox, inbox] = v2Tables(dialect, t);
+  return [
+    withV3Columns(outbox, dialect),
+    inbox,
+    ...indexesV2(dialect, t, true),
+    ...indexesV3(dialect, t, true),
+  ];
 }
 
 /**
- * The current SQLite schema (version 2) for a FRESH database, as idempotent statements
+ * The current SQLite schema (version 3) for a FRESH database, as idempotent statements
  * (`CREATE ... IF NOT EXISTS`). It does not upgrade an existing version 1 database: use
  * `migrate()` (or the artifacts of `getSqlOutboxMigrations()`) for that. `migrate()` recognises
- * a database created by these statements as version 2.
+ * a database created by these statements as version 3.
  *
  * @example
  * ```ts
@@ -130,10 +152,10 @@ export function createSqliteOutboxSchema(tables?: SqlOutboxTables): string[] {
 }
 
 /**
- * The current Postgres schema (version 2) for a FRESH database, as idempotent statements
+ * The current Postgres schema (version 3) for a FRESH database, as idempotent statements
  * (`CREATE ... IF NOT EXISTS`). It does not upgrade an existing version 1 database: use
  * `migrate()` (or the artifacts of `getSqlOutboxMigrations()`) for that. `migrate()` recognises
- * a database created by these statements as version 2.
+ * a database created by these statements as version 3.
  *
  * @example
  * ```ts
