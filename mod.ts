@@ -43,6 +43,7 @@ export type {
   OutboxDeliveryOptions,
   OutboxEnqueueOptions,
   OutboxFailure,
+  OutboxFailureScope,
   OutboxListDeadOptions,
   OutboxMark,
   OutboxMessage,
@@ -149,6 +150,7 @@ export {
   type ResumedInfo,
 } from "./src/dispatch/dispatcher.ts";
 export type { CircuitState } from "./src/dispatch/circuit_breaker.ts";
+export type { PausedScopeInfo, ScopeResumedInfo } from "./src/dispatch/paused_scopes.ts";
 export {
   createJetStreamRuntime,
   defaultPublishTimeoutMs,
@@ -157,6 +159,7 @@ export {
   type JetStreamRuntimeOptions,
 } from "./src/runtime/jetstream.ts";
 export { classifyJetStreamError } from "./src/runtime/jetstream_errors.ts";
+export type { JetStreamManagerLike, StreamInfoLike } from "./src/runtime/jetstream_scope.ts";
 export {
   defaultPubAckWindow,
   type PubAck,

@@ -151,7 +151,7 @@ Deno.test("cli migrate sqlite: the SQL --print shows for an empty database is wh
     assert.equal(adopted.code, 0, adopted.stderr);
     assert.match(
       adopted.stdout,
-      /at version 2 \(the latest\): nothing to migrate \(existing tables adopted at version 2\)/,
+      /at version 3 \(the latest\): nothing to migrate \(existing tables adopted at version 3\)/,
     );
   } finally {
     await Deno.remove(dir, { recursive: true });
@@ -198,7 +198,10 @@ Deno.test("cli: a version 2 outbox is refused by status until migrated to versio
     const store = ["--store", `sqlite:${path}`];
     const status = await runCli(["status", ...store]);
     assert.equal(status.code, 1);
-    assert.match(status.stderr, /has schema version 2; upgrade it with "outbox-nats migrate"/);
+    assert.match(
+      status.stderr,
+      /has schema version 2; upgrade it with "outbox-nats migrate --store /,
+    );
     const printed = await runCli(["migrate", "--print", ...store]);
     assert.match(printed.stdout, /1 pending migration\(s\) for .* version 2 -> 3/);
     assert.match(printed.stdout, /^ALTER TABLE trellis_outbox ADD COLUMN claim_token TEXT;$/m);

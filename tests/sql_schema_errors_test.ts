@@ -146,10 +146,30 @@ for (const [driver, open] of Object.entries(drivers)) {
 Deno.test("a version 1 database without a migration record is recognised by its columns", async () => {
   const db = await drivers["node:sqlite"]();
   try {
-    const [v1] = getSqlOutboxMigrations({ dialect: "sqlite", tables: db.tables });
-    for (const statement of v1.up) await db.executor.query(statement, []);
+    const migrations = getSqlOutboxMigrations({ dialect: "sqlite", tables: db.tables });
+    for (const statement of migrations[0].up) await db.executor.query(statement, []);
     const outbox = new SqlOutboxRepository(db.executor, "sqlite", db.tables);
-    await assert.rejects(outbox.claimDue(10, new Date()), schemaError(db.tables.outbox, 1, 2));
+    await assert.rejects(
+      outbox.claimDue(10, new Date()),
+      schemaError(db.tables.outbox, 1, migrations.length),
+    );
+  } finally {
+    await db.close();
+  }
+});
+
+Deno.test("a version 2 database (before the claim token) is named as version 2", async () => {
+  const db = await drivers["node:sqlite"]();
+  try {
+    const migrations = getSqlOutboxMigrations({ dialect: "sqlite", tables: db.tables });
+    for (const migration of migrations.slice(0, 2)) {
+      for (const statement of migration.up) await db.executor.query(statement, []);
+    }
+    const outbox = new SqlOutboxRepository(db.executor, "sqlite", db.tables);
+    await assert.rejects(
+      outbox.claimDue(10, new Date()),
+      schemaError(db.tables.outbox, 2, migrations.length),
+    );
   } finally {
     await db.close();
   }

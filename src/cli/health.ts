@@ -1,7 +1,8 @@
 /**
- * The relay's HTTP health endpoint (node:http): GET on any path answers with a JSON report,
- * status 200 when the relay is ready and 503 when it is not (circuit breaker open, store
- * failing, shutting down), for orchestrators' readiness and liveness probes.
+ * The relay's HTTP health endpoint (node:http): `GET /livez` answers 200 while the process
+ * serves (liveness: restarting would not help a broker outage); `GET /readyz` (and any other
+ * path) answers with a JSON report, status 200 when the relay is ready or degraded and 503 when
+ * it is not (circuit breaker open, JetStream disabled, store failing, shutting down).
  *
  * @module
  */
@@ -27,14 +28,18 @@ export interface HealthServer {
   close(): Promise<void>;
 }
 
+/** The liveness path: 200 while the process serves, whatever the broker or the store do. */
+export const livenessPath = "/livez";
+
 /**
- * Listens on `host:port` and answers every GET / HEAD with `report()`; other methods get 405.
- * A failing `report()` answers 503 with the error.
+ * Listens on `host:port`: `GET /livez` answers `live()`; every other GET / HEAD answers
+ * `report()`; other methods get 405. A failing `report()` answers 503 with the error.
  */
 export async function startHealthServer(
   host: string,
   port: number,
   report: () => Promise<HealthAnswer>,
+  live: () => HealthAnswer = () => ({ ready: true, body: { status: "alive" } }),
 ): Promise<HealthServer> {
   const server: Server = createServer((request, response) => {
     if (request.method !== "GET" && request.method !== "HEAD") {
@@ -42,7 +47,9 @@ export async function startHealthServer(
       response.end("method not allowed\n");
       return;
     }
-    report().then(
+    const path = (request.url ?? "/").split("?")[0];
+    const answering = path === livenessPath ? Promise.resolve().then(live) : report();
+    answering.then(
       (answer) => answer,
       (error): HealthAnswer => ({
         ready: false,

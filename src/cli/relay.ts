@@ -83,6 +83,13 @@ class BacklogMonitor {
   }
 }
 
+/** "stream 'ORDERS'" or "subject 'orders.created'", for log lines and health reasons. */
+function scopeLabel(
+  scope: { kind: "stream"; stream: string } | { kind: "subject"; subject: string },
+): string {
+  return scope.kind === "stream" ? `stream '${scope.stream}'` : `subject '${scope.subject}'`;
+}
+
 /** `relay`. */
 export const relayCommand: Command = {
   name: "relay",
@@ -146,8 +153,15 @@ export const relayCommand: Command = {
     "health-host": {
       type: "string",
       value: "<host>",
-      default: "0.0.0.0",
-      description: "Address of the health endpoint",
+      default: "127.0.0.1",
+      description: "Address of the health endpoint (0.0.0.0: every interface)",
+    },
+    "degraded-after": {
+      type: "string",
+      value: "<duration>",
+      default: "5m",
+      description:
+        "Health says degraded when the oldest due message is older than this, or a message went dead this recently",
     },
     "no-listen": {
       type: "boolean",
@@ -191,7 +205,8 @@ export const relayCommand: Command = {
     }
     if (leaseMs < 1_000) throw new CliUsageError("--lease must be at least 1s");
     if (publishTimeoutMs < 1) throw new CliUsageError("--publish-timeout must be at least 1ms");
-    const healthHost = stringValue(values, "health-host") ?? "0.0.0.0";
+    const healthHost = stringValue(values, "health-host") ?? "127.0.0.1";
+    const degradedAfterMs = durationValue(values, "degraded-after", 300_000);
     const verbose = values.verbose === true;
 
     const store = await openStore(settings);
@@ -225,6 +240,7 @@ export const relayCommand: Command = {
         statusMs,
         healthPort,
         healthHost,
+        degradedAfterMs,
         listen: values["no-listen"] !== true,
         channel: stringValue(values, "channel"),
         verbose,
@@ -249,6 +265,7 @@ interface RelaySettings {
   statusMs: number;
   healthPort?: number;
   healthHost: string;
+  degradedAfterMs: number;
   listen: boolean;
   channel?: string;
   verbose: boolean;
@@ -259,6 +276,8 @@ async function runRelay(io: CliIo, s: RelaySettings): Promise<number> {
   const startedAt = Date.now();
   const counters: RelayCounters = { published: 0, duplicates: 0, failed: 0, dead: 0 };
   let stopping = false;
+  let lastDeadAt: number | undefined;
+  let pauseError: { code: string; message: string } | undefined;
   const report = (error: unknown) => {
     io.err(`relay: ${describeError(error)}\n`);
     if (s.verbose) io.err(describeVerbose(error) + "\n");
@@ -291,13 +310,29 @@ async function runRelay(io: CliIo, s: RelaySettings): Promise<number> {
       },
       onDead: (message, info) => {
         counters.dead += 1;
+        lastDeadAt = Date.now();
         io.err(`relay: dead: ${message.id} (${message.subject}): ${info.lastError}\n`);
       },
-      onPaused: (info) =>
-        io.err(`relay: JetStream unavailable, paused: ${describeError(info.error)}\n`),
-      onResumed: (info) =>
+      onPaused: (info) => {
+        pauseError = { code: info.error.code, message: info.error.message };
+        io.err(`relay: JetStream unavailable, paused: ${describeError(info.error)}\n`);
+      },
+      onResumed: (info) => {
+        pauseError = undefined;
         io.out(
           `relay: JetStream available again, resumed after ${formatDuration(info.pausedMs)}\n`,
+        );
+      },
+      onScopePaused: (info) =>
+        io.err(
+          `relay: ${scopeLabel(info.scope)} unavailable, its messages wait (the rest flows): ` +
+            `${describeError(info.error)}\n`,
+        ),
+      onScopeResumed: (info) =>
+        io.out(
+          `relay: ${scopeLabel(info.scope)} available again after ${
+            formatDuration(info.pausedMs)
+          }\n`,
         ),
       onError: report,
     });
@@ -331,20 +366,48 @@ async function runRelay(io: CliIo, s: RelaySettings): Promise<number> {
         async (): Promise<HealthAnswer> => {
           const backlog = await monitor.current(1_000);
           const breaker = dispatcher.state;
+          const pausedScopes = dispatcher.pausedScopes;
+          const now = Date.now();
+          // Degraded: still dispatching (ready), but something needs a look.
+          const reasons: string[] = [];
+          const oldest = backlog.stats?.oldestDueAgeMs;
+          if (oldest !== undefined && oldest > s.degradedAfterMs) {
+            reasons.push(`the oldest due message waits for ${formatDuration(oldest)}`);
+          }
+          if (lastDeadAt !== undefined && now - lastDeadAt < s.degradedAfterMs) {
+            reasons.push(`messages went dead (last ${formatDuration(now - lastDeadAt)} ago)`);
+          }
+          for (const paused of pausedScopes) {
+            reasons.push(
+              `${scopeLabel(paused.scope)} unavailable for ${
+                formatDuration(now - paused.since)
+              } (${paused.error.code})`,
+            );
+          }
           const status = stopping
             ? "stopping"
             : backlog.error !== undefined
             ? "store_unavailable"
             : breaker !== "closed"
             ? "paused"
+            : reasons.length > 0
+            ? "degraded"
             : "ready";
-          const ready = status === "ready";
+          const ready = status === "ready" || status === "degraded";
           return {
             ready,
             body: {
               status,
               ready,
+              ...(reasons.length > 0 ? { reasons } : {}),
               breaker,
+              ...(breaker !== "closed" && pauseError ? { breakerError: pauseError } : {}),
+              pausedScopes: pausedScopes.map((paused) => ({
+                ...paused.scope,
+                code: paused.error.code,
+                error: paused.error.message,
+                sinceMs: now - paused.since,
+              })),
               store: {
                 url: s.store.label,
                 ok: backlog.error === undefined,
@@ -364,10 +427,17 @@ async function runRelay(io: CliIo, s: RelaySettings): Promise<number> {
             },
           };
         },
+        () => ({
+          ready: true,
+          body: { status: stopping ? "stopping" : "alive", uptimeMs: Date.now() - startedAt },
+        }),
       );
       const serving = health;
       s.closers.push(() => serving.close());
-      io.out(`relay: health endpoint on http://${health.host}:${health.port}/\n`);
+      io.out(
+        `relay: health endpoint on http://${health.host}:${health.port}/ ` +
+          "(/livez liveness, /readyz readiness)\n",
+      );
     }
 
     io.out(

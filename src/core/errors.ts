@@ -5,6 +5,8 @@
  * @module
  */
 
+import type { OutboxFailureScope } from "./types.ts";
+
 /**
  * A record, option or name was rejected before anything was stored.
  *
@@ -139,16 +141,23 @@ export class OutboxPublishError extends Error {
   readonly kind: OutboxFailureKind;
   /** A short stable code (`no_stream`, `timeout`, `max_payload`, ...), safe for metrics. */
   readonly code: string;
+  /**
+   * What the failure affects: the connection, JetStream as a whole, one stream or one subject.
+   * An `unavailable` failure without a scope pauses the whole dispatcher; one scoped to a stream
+   * or a subject pauses only that scope.
+   */
+  readonly scope?: OutboxFailureScope;
   /** Creates the error; `options.code` defaults to the kind. */
   constructor(
     kind: OutboxFailureKind,
     message: string,
-    options: ErrorOptions & { code?: string } = {},
+    options: ErrorOptions & { code?: string; scope?: OutboxFailureScope } = {},
   ) {
     super(message, options);
     this.name = "OutboxPublishError";
     this.kind = kind;
     this.code = options.code ?? kind;
+    if (options.scope) this.scope = options.scope;
   }
 }
 

@@ -27,6 +27,18 @@ export interface RetryPolicy {
   capMs?: number;
   /** Attempts before a message goes `dead`. @default {10} */
   maxAttempts?: number;
+  /**
+   * The budget for `unavailable` failures of a message's OWN scope (its stream without a leader
+   * or full, its subject's stream not answering, or a half-open trial that failed while the
+   * broker answered probes): once the message's `attempts` reached this, such a failure moves
+   * it to `dead` with the reason. Broker-wide outages (connection down, JetStream disabled or
+   * unreachable) never make a message dead. While a stream is paused its messages are claimed
+   * (and not attempted) once or twice per scope probe, which runs at most every 2 s plus its own
+   * duration, so the default allows at least about half an hour of one stream's outage.
+   *
+   * @default {1000}
+   */
+  maxUnavailableAttempts?: number;
   /** Source of randomness in `[0, 1)`; inject for deterministic tests. @default {Math.random} */
   random?: () => number;
 }
@@ -55,6 +67,7 @@ export const defaultRetryPolicy: ResolvedRetryPolicy = Object.freeze({
   baseMs: 1_000,
   capMs: 300_000,
   maxAttempts: 10,
+  maxUnavailableAttempts: 1000,
   random: Math.random,
 });
 
@@ -72,6 +85,8 @@ export function resolveRetryPolicy(policy: RetryPolicy = {}): ResolvedRetryPolic
     baseMs: policy.baseMs ?? defaultRetryPolicy.baseMs,
     capMs: policy.capMs ?? Math.max(defaultRetryPolicy.capMs, policy.baseMs ?? 0),
     maxAttempts: policy.maxAttempts ?? defaultRetryPolicy.maxAttempts,
+    maxUnavailableAttempts: policy.maxUnavailableAttempts ??
+      defaultRetryPolicy.maxUnavailableAttempts,
     random: policy.random ?? defaultRetryPolicy.random,
   };
   for (const key of ["baseMs", "capMs"] as const) {
@@ -82,11 +97,10 @@ export function resolveRetryPolicy(policy: RetryPolicy = {}): ResolvedRetryPolic
   if (resolved.capMs < resolved.baseMs) {
     throw new OutboxValidationError("retry.capMs", "retry.capMs must be >= retry.baseMs");
   }
-  if (!Number.isInteger(resolved.maxAttempts) || resolved.maxAttempts < 1) {
-    throw new OutboxValidationError(
-      "retry.maxAttempts",
-      "retry.maxAttempts must be an integer >= 1",
-    );
+  for (const key of ["maxAttempts", "maxUnavailableAttempts"] as const) {
+    if (!Number.isInteger(resolved[key]) || resolved[key] < 1) {
+      throw new OutboxValidationError(`retry.${key}`, `retry.${key} must be an integer >= 1`);
+    }
   }
   return Object.freeze(resolved);
 }

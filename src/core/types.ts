@@ -630,6 +630,31 @@ export interface OutboxPublishReceipt {
 }
 
 /**
+ * Where a delivery failure lies, so the dispatcher pauses only what is affected:
+ *
+ * - `connection`: the NATS connection is down: everything waits.
+ * - `jetstream`: JetStream is disabled or its API does not answer: everything waits.
+ * - `stream`: one stream cannot take writes (no leader, full with `discard: new`): only messages
+ *   for that stream wait; the others flow.
+ * - `subject`: the subject's stream could not be identified (no stream captures it, or the
+ *   JetStream API that would say which did not answer): only that subject is affected.
+ *
+ * Runtimes attach it to an `OutboxPublishError` (`error.scope`); a failure without a scope is
+ * treated as broker-wide.
+ *
+ * @example
+ * ```ts
+ * import type { OutboxFailureScope } from "@outbox/nats";
+ * const scope: OutboxFailureScope = { kind: "stream", stream: "ORDERS" };
+ * ```
+ */
+export type OutboxFailureScope =
+  | { kind: "connection" }
+  | { kind: "jetstream" }
+  | { kind: "stream"; stream: string }
+  | { kind: "subject"; subject: string };
+
+/**
  * Delivers outbox messages. Promise rejection is failure; reject with `OutboxPublishError` to say
  * whether the failure is permanent, retryable, or means the broker is unavailable.
  *
@@ -667,6 +692,14 @@ export interface OutboxRuntime {
    * its circuit breaker is open to decide when to resume.
    */
   probe?(): Promise<boolean>;
+  /**
+   * Checks, without publishing, whether one `stream` or `subject` scope that failed as
+   * `unavailable` would take writes again (for JetStream: the stream answers stream info, has a
+   * leader and room). The dispatcher calls it for each parked scope, with backoff, and releases
+   * the scope's waiting messages when it answers `true`. Without it a parked scope is simply
+   * retried when its probe delay has passed.
+   */
+  probeScope?(scope: OutboxFailureScope): Promise<boolean>;
 }
 
 /**

@@ -217,7 +217,9 @@ export interface DispatchOutboxResult {
  *   message goes `dead`.
  * - An `unavailable` failure (broker unreachable, no PubAck in time) is recorded as `failed`,
  *   due at once, and never makes a message `dead`; the batch then starts no further deliveries
- *   (they are recorded the same way without being attempted).
+ *   (they are recorded the same way without being attempted). One scoped to a single stream or
+ *   subject (`error.scope`) stops nothing else, and moves the message to `dead` once its
+ *   `attempts` reached `retry.maxUnavailableAttempts`.
  *
  * Use {@linkcode OutboxDispatcher} to run batches continuously, with pipelining and a circuit
  * breaker.
@@ -253,8 +255,10 @@ export async function dispatchOutbox(
     hooks: options,
     now: now ? () => now : () => new Date(),
     halted: () => halted,
-    unavailable: () => {
+    unavailable: (error, message) => {
+      if (isScoped(error)) return spendUnavailable(message, settings.policy, engine.now());
       halted = true;
+      return { retryAt: engine.now() };
     },
     abandoned: (promise) => {
       pending.push(promise);
@@ -327,12 +331,34 @@ export interface BatchEngine extends BatchSettings {
   now(): Date;
   /** Whether deliveries must not start (the broker is unavailable). */
   halted(): boolean;
-  /** A delivery failed as `unavailable`. */
-  unavailable(error: OutboxPublishError): void;
+  /** A delivery failed as `unavailable`: when to retry it, or whether its budget is spent. */
+  unavailable(error: OutboxPublishError, message: OutboxMessage): UnavailableDecision;
+  /** The paused scope holding `message` back (it is not attempted), if any. */
+  held?(message: OutboxMessage): { error: OutboxPublishError; until: Date } | undefined;
   /** A delivery abandoned at its deadline; settles when the runtime finally gives up. */
   abandoned(settled: Promise<unknown>): void;
   /** A hook threw. */
   report(error: unknown): void;
+}
+
+/** How an `unavailable` failure is recorded: due again at `retryAt`, or dead. Internal. */
+export type UnavailableDecision = { retryAt: Date } | { dead: true };
+
+/** Whether an error is scoped to one stream or subject (others keep flowing). Internal. */
+export function isScoped(error: OutboxPublishError): boolean {
+  return error.scope?.kind === "stream" || error.scope?.kind === "subject";
+}
+
+/**
+ * An `unavailable` failure of the message's own scope: due at `retryAt` unless its `attempts`
+ * reached `maxUnavailableAttempts`. Internal.
+ */
+export function spendUnavailable(
+  message: OutboxMessage,
+  policy: ResolvedRetryPolicy,
+  retryAt: Date,
+): UnavailableDecision {
+  return message.attempts >= policy.maxUnavailableAttempts ? { dead: true } : { retryAt };
 }
 
 type Settlement =
@@ -423,6 +449,20 @@ async function deliver(
     } catch (error) {
       const cause = error instanceof Error ? error : new Error(errorMessage(error));
       return { state: "dead", info: { error: cause, lastError: cause.message } };
+    }
+    const hold = engine.held?.(message);
+    if (hold) {
+      // Its stream (or subject) is paused: not attempted, due when the scope's probe is next
+      // expected to release it.
+      const error = new OutboxPublishError("unavailable", `not attempted: ${hold.error.message}`, {
+        code: hold.error.code,
+        cause: hold.error,
+        ...(hold.error.scope ? { scope: hold.error.scope } : {}),
+      });
+      const decision = spendUnavailable(message, engine.policy, hold.until);
+      return "dead" in decision
+        ? gaveUp(message, error)
+        : retryLater(engine, error, decision.retryAt);
     }
     start = (timeoutMs) => engine.runtime.publishPreparedEvent(event, { timeoutMs });
   } else if (message.kind === "job.create" || message.kind === "job.submit") {
@@ -577,9 +617,12 @@ function failure(engine: BatchEngine, message: OutboxMessage, error: unknown): S
   switch (classified.kind) {
     case "permanent":
       return dead(classified);
-    case "unavailable":
-      engine.unavailable(classified);
-      return retryLater(engine, classified);
+    case "unavailable": {
+      const decision = engine.unavailable(classified, message);
+      return "dead" in decision
+        ? gaveUp(message, classified)
+        : retryLater(engine, classified, decision.retryAt);
+    }
     case "retryable": {
       const lastError = describe(classified);
       if (message.attempts >= engine.policy.maxAttempts) {
@@ -601,12 +644,28 @@ function failure(engine: BatchEngine, message: OutboxMessage, error: unknown): S
   }
 }
 
-/** `unavailable`: due again at once; the dispatcher's circuit breaker decides when to retry. */
-function retryLater(engine: BatchEngine, error: OutboxPublishError): Settlement {
+/**
+ * `unavailable`: due again at `at` (default: at once; the dispatcher's circuit breaker decides
+ * when to retry).
+ */
+function retryLater(engine: BatchEngine, error: OutboxPublishError, at?: Date): Settlement {
   return {
     state: "failed",
-    info: { error, lastError: describe(error), nextAttemptAt: engine.now() },
+    info: { error, lastError: describe(error), nextAttemptAt: at ?? engine.now() },
     unavailable: true,
+  };
+}
+
+/** The `unavailable` budget is spent: dead, with the reason. */
+function gaveUp(message: OutboxMessage, error: OutboxPublishError): Settlement {
+  return {
+    state: "dead",
+    info: {
+      error,
+      lastError: `gave up after ${message.attempts} attempts (retry.maxUnavailableAttempts): ${
+        describe(error)
+      }`,
+    },
   };
 }
 

@@ -8,17 +8,28 @@
 
 import type { OutboxPublishError } from "../core/errors.ts";
 import { nonNegative, positiveInteger } from "../core/limits.ts";
-import type { RetryPolicy } from "../core/retry.ts";
+import { backoffCeilingMs, type RetryPolicy } from "../core/retry.ts";
 import type { OutboxMessage, OutboxRepository, OutboxRuntime } from "../core/types.ts";
 import { CircuitBreaker, type CircuitState } from "./circuit_breaker.ts";
 import {
   type BatchEngine,
   defaultDispatchLimit,
   type DispatchOutboxResult,
+  isScoped,
   type OutboxDispatchHooks,
   resolveBatchSettings,
   settleClaimed,
+  spendUnavailable,
+  type UnavailableDecision,
 } from "./dispatch_outbox.ts";
+import {
+  maxScopeProbeIntervalMs,
+  type PausedScope,
+  type PausedScopeInfo,
+  pausedScopeInfo,
+  PausedScopes,
+  type ScopeResumedInfo,
+} from "./paused_scopes.ts";
 import { InFlightWindow } from "./window.ts";
 
 /**
@@ -129,6 +140,13 @@ export interface OutboxDispatcherOptions extends OutboxDispatchHooks {
   onPaused?: (info: PausedInfo) => void;
   /** The circuit breaker closed again: dispatching resumed. */
   onResumed?: (info: ResumedInfo) => void;
+  /**
+   * One stream (or subject) failed as `unavailable` while the broker answers: only its messages
+   * wait (not attempted, due again when its next probe is expected), everything else flows.
+   */
+  onScopePaused?: (info: PausedScopeInfo) => void;
+  /** A paused stream (or subject) answered its probe: its messages flow again. */
+  onScopeResumed?: (info: ScopeResumedInfo) => void;
   /** After every batch, with its counts. */
   onBatch?: (result: DispatchOutboxResult) => void;
 }
@@ -146,7 +164,13 @@ export interface OutboxDispatcherOptions extends OutboxDispatchHooks {
  *   and delivered (at most three batches claimed and not yet recorded).
  * - Circuit breaker: an `unavailable` failure stops claiming; the broker is probed with backoff
  *   (`runtime.probe()`), then one trial message is delivered, and dispatching resumes on its
- *   own. See the README for exactly how many attempts an outage can cost.
+ *   own. A trial that fails although the probe answered backs off on its own, so the next trial
+ *   is another message. See the README for exactly how many attempts an outage can cost.
+ * - Scoped pauses: an `unavailable` failure scoped to one stream or subject (`error.scope`, as
+ *   `createJetStreamRuntime` reports a stream without leader or a full stream) pauses only that
+ *   scope: its messages are not attempted and wait for `runtime.probeScope()` (with backoff up
+ *   to 2 s, or `probeMaxIntervalMs` when smaller), the rest flows. Such a message goes `dead` once its `attempts`
+ *   reached `retry.maxUnavailableAttempts`.
  * - `whenIdle()` resolves once nothing is due; `stop()` resolves once in-flight work settled and
  *   no timer is left.
  *
@@ -203,6 +227,8 @@ export class OutboxDispatcher implements AsyncDisposable {
   /** Ends a {@linkcode #settledOrNotified} wait early (set while the loop waits there). */
   #notified: (() => void) | undefined;
   #abandoned = new Set<Promise<unknown>>();
+  readonly #scopes = new PausedScopes();
+  #scopeProbes = new Set<Promise<void>>();
 
   /** Creates the dispatcher and starts its first drain. Options are checked at once. */
   constructor(
@@ -246,7 +272,8 @@ export class OutboxDispatcher implements AsyncDisposable {
       },
       now: this.#clock,
       halted: () => this.#breaker.state === "open",
-      unavailable: (error) => this.#trip(error),
+      unavailable: (error, message) => this.#unavailable(error, message),
+      held: (message) => this.#held(message),
       abandoned: (settled) => {
         this.#abandoned.add(settled);
         void settled.then(() => this.#abandoned.delete(settled));
@@ -272,6 +299,24 @@ export class OutboxDispatcher implements AsyncDisposable {
    */
   get state(): CircuitState {
     return this.#breaker.state;
+  }
+
+  /**
+   * The streams and subjects paused on their own (one stream without a leader, or full) while
+   * the rest flows, oldest first.
+   *
+   * @example
+   * ```ts
+   * import { MemoryOutboxRepository, OutboxDispatcher } from "@outbox/nats";
+   * const dispatcher = new OutboxDispatcher(new MemoryOutboxRepository(), {
+   *   publishPreparedEvent: () => Promise.resolve(),
+   * });
+   * console.log(dispatcher.pausedScopes); // []
+   * await dispatcher.stop();
+   * ```
+   */
+  get pausedScopes(): PausedScopeInfo[] {
+    return this.#scopes.all().map(pausedScopeInfo);
   }
 
   /**
@@ -363,10 +408,12 @@ export class OutboxDispatcher implements AsyncDisposable {
         this.#pause.resolve(false);
         this.#pause = undefined;
       }
+      this.#scopes.clearTimers();
       for (const waiter of this.#idleWaiters.splice(0)) waiter.resolve();
       this.#stopping = (async () => {
         while (this.#drain) await this.#drain;
         while (this.#abandoned.size > 0) await Promise.all([...this.#abandoned]);
+        while (this.#scopeProbes.size > 0) await Promise.all([...this.#scopeProbes]);
       })();
     }
     return this.#stopping;
@@ -549,6 +596,108 @@ export class OutboxDispatcher implements AsyncDisposable {
       }, ms);
       this.#pause = { timer, resolve };
     });
+  }
+
+  /** An `unavailable` failure: pause its scope, or open the breaker; when to retry it. */
+  #unavailable(error: OutboxPublishError, message: OutboxMessage): UnavailableDecision {
+    const policy = this.#engine.policy;
+    if (isScoped(error)) {
+      const result = this.#scopes.pause(error, message.subject, Date.now());
+      if (!result) return { retryAt: this.#clock() };
+      if (result.isNew) {
+        this.#scheduleScopeProbe(result.paused);
+        if (this.#options.onScopePaused) {
+          const info = pausedScopeInfo(result.paused);
+          this.#call(() => this.#options.onScopePaused?.(info));
+        }
+      }
+      return spendUnavailable(message, policy, this.#holdUntil(result.paused));
+    }
+    if (this.#breaker.state === "half-open") {
+      // The trial failed although the probe answered: maybe this message's own trouble. It backs
+      // off on its own (within its budget), so the next trial is another message.
+      this.#trip(error);
+      const delay = Math.max(this.#probeMaxIntervalMs, backoffCeilingMs(message.attempts, policy));
+      return spendUnavailable(message, policy, new Date(this.#clock().getTime() + delay));
+    }
+    this.#trip(error);
+    return { retryAt: this.#clock() };
+  }
+
+  /** The paused scope holding `message` back, and until when. */
+  #held(message: OutboxMessage): { error: OutboxPublishError; until: Date } | undefined {
+    if (this.#scopes.size === 0) return undefined;
+    const paused = this.#scopes.holding(message.subject);
+    return paused ? { error: paused.error, until: this.#holdUntil(paused) } : undefined;
+  }
+
+  /**
+   * When a held message is due again: just after its scope's next probe starts (so a release
+   * finds it due); while a probe runs (a stream without leader makes it last the API timeout),
+   * when that probe should have ended, so the messages are not claimed over and over meanwhile.
+   */
+  #holdUntil(paused: PausedScope): Date {
+    const margin = Math.min(1_000, Math.max(50, this.#probeIntervalMs));
+    const now = Date.now();
+    // Due just after the next probe starts: a stream that answers again is released before the
+    // margin has passed. Claimed while a probe runs: due when it is expected to have ended (it
+    // takes about as long as the last one), or one probe delay from now.
+    let wait = paused.nextProbeAt - now;
+    if (paused.probing) {
+      wait = paused.probeStartedAt + paused.lastProbeMs - now;
+      if (wait <= 0) wait = this.#scopeProbeDelay(paused);
+    }
+    return new Date(this.#clock().getTime() + Math.max(0, wait) + margin);
+  }
+
+  #scopeProbeDelay(paused: PausedScope): number {
+    return Math.min(
+      this.#probeMaxIntervalMs,
+      maxScopeProbeIntervalMs,
+      this.#probeIntervalMs * 2 ** Math.min(paused.probes, 30),
+    );
+  }
+
+  #scheduleScopeProbe(paused: PausedScope): void {
+    if (this.#stopped) return;
+    const delay = this.#scopeProbeDelay(paused);
+    paused.probes += 1;
+    paused.nextProbeAt = Date.now() + delay;
+    paused.timer = setTimeout(() => {
+      paused.timer = undefined;
+      this.#probeScope(paused);
+    }, delay);
+  }
+
+  #probeScope(paused: PausedScope): void {
+    const probe = this.#runtime.probeScope?.bind(this.#runtime);
+    paused.probing = true;
+    paused.probeStartedAt = Date.now();
+    const run = (async () => {
+      let ok = true;
+      if (probe) {
+        try {
+          ok = (await probe(paused.scope)) === true;
+        } catch {
+          ok = false;
+        }
+      }
+      paused.probing = false;
+      paused.lastProbeMs = Date.now() - paused.probeStartedAt;
+      if (this.#stopped || !this.#scopes.has(paused)) return;
+      if (!ok) {
+        this.#scheduleScopeProbe(paused);
+        return;
+      }
+      const pausedMs = this.#scopes.release(paused, Date.now());
+      if (this.#options.onScopeResumed) {
+        const info = { scope: paused.scope, pausedMs };
+        this.#call(() => this.#options.onScopeResumed?.(info));
+      }
+      this.notify();
+    })();
+    this.#scopeProbes.add(run);
+    void run.finally(() => this.#scopeProbes.delete(run));
   }
 
   #trip(error: OutboxPublishError): void {

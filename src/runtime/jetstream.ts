@@ -10,6 +10,7 @@ import { outboxHeaders } from "../core/events.ts";
 import type {
   JsonValue,
   OutboxDeliveryOptions,
+  OutboxFailureScope,
   OutboxMessage,
   OutboxPublishReceipt,
   OutboxRuntime,
@@ -23,6 +24,7 @@ import {
   type PubAckHeaders,
   pubAckPipelineFor,
 } from "./pub_ack_pipeline.ts";
+import { type JetStreamManagerLike, JetStreamScopes } from "./jetstream_scope.ts";
 
 /**
  * Default time to wait for a PubAck, in milliseconds.
@@ -54,8 +56,11 @@ export interface JetStreamPublisher {
     payload?: string | Uint8Array,
     options?: { msgID?: string; timeout?: number; headers?: unknown },
   ): Promise<{ stream: string; seq: number; duplicate: boolean }>;
-  /** A JetStream manager; `checkAPI: false` sends no request. */
-  jetstreamManager(checkAPI?: boolean): Promise<{ getAccountInfo(): Promise<unknown> }>;
+  /**
+   * A JetStream manager; `checkAPI: false` sends no request. Its `streams.find` / `streams.info`
+   * (when present) tell a missing stream from one without a leader.
+   */
+  jetstreamManager(checkAPI?: boolean): Promise<JetStreamManagerLike>;
   /**
    * The client's connection (nats.js's `JetStreamClient` has it). With it the runtime publishes
    * through a {@linkcode PubAckPipeline}; without it, through `publish()`.
@@ -140,6 +145,12 @@ export interface JetStreamOutboxRuntime extends OutboxRuntime {
   ): Promise<Required<OutboxPublishReceipt>>;
   /** `true` when the JetStream API answers an account-info request; never publishes. */
   probe(): Promise<boolean>;
+  /**
+   * `true` when a `stream` scope has a leader and room (stream info), or a `subject` scope's
+   * stream does (`$JS.API.STREAM.NAMES` with the subject as filter, then stream info); for the
+   * `connection` and `jetstream` scopes, the same as `probe()`. Never publishes.
+   */
+  probeScope(scope: OutboxFailureScope): Promise<boolean>;
 }
 
 /**
@@ -150,7 +161,11 @@ export interface JetStreamOutboxRuntime extends OutboxRuntime {
  * success. Failures reject with an {@linkcode OutboxPublishError} classified by
  * {@linkcode classifyJetStreamError}: no stream for the subject is `retryable`, a timeout or a
  * closed connection is `unavailable`, a payload over `max_payload` or an invalid subject is
- * `permanent`.
+ * `permanent`. A publish nothing answered, or a stream's 503, is then told apart by asking the
+ * JetStream API (one lookup per subject per second at most): JetStream not enabled is
+ * `unavailable` for everything (`jetstream_not_enabled`, scope `jetstream`); no stream capturing
+ * the subject is `retryable` (`no_stream`, scope `subject`); a stream without a leader or full
+ * is `unavailable` for that stream only (`stream_unavailable` / `api_<code>`, scope `stream`).
  *
  * Messages go out through the connection's shared {@linkcode PubAckPipeline} (one reply
  * subscription, a bounded window, one sweeping timer) unless `publisher: "js.publish"` is set or
@@ -185,7 +200,16 @@ export function createJetStreamRuntime(
   }
   const onPublished = options.onPublished;
   const send = publisherFor(js, options);
-  let manager: Promise<{ getAccountInfo(): Promise<unknown> }> | undefined;
+  let manager: Promise<JetStreamManagerLike> | undefined;
+  const managed = (): Promise<JetStreamManagerLike> => {
+    const current = manager ??= js.jetstreamManager(false);
+    // A failed creation is not kept: the next call tries again.
+    current.catch(() => {
+      if (manager === current) manager = undefined;
+    });
+    return current;
+  };
+  const scopes = new JetStreamScopes(managed);
 
   const runtime: JetStreamOutboxRuntime = {
     async publishPreparedEvent(event, delivery) {
@@ -223,8 +247,9 @@ export function createJetStreamRuntime(
         }
         ack = await send(event.subject, event.encodedPayload, messageHeaders, timeout);
       } catch (error) {
-        throw classifyJetStreamError(error);
+        throw await scopes.refine(event.subject, classifyJetStreamError(error));
       }
+      scopes.learn(event.subject, ack.stream);
       const receipt = { duplicate: ack.duplicate === true, stream: ack.stream, seq: ack.seq };
       if (onPublished) {
         try {
@@ -237,14 +262,14 @@ export function createJetStreamRuntime(
     },
     async probe() {
       try {
-        manager ??= js.jetstreamManager(false);
-        const jsm = await manager;
-        await jsm.getAccountInfo();
+        await (await managed()).getAccountInfo();
         return true;
       } catch {
-        manager = undefined;
         return false;
       }
+    },
+    probeScope(scope) {
+      return scopes.probe(scope);
     },
   };
   if (options.dispatchJobSubmission) {

@@ -10,6 +10,7 @@
  */
 
 import { errorMessage, OutboxPublishError } from "../core/errors.ts";
+import type { OutboxFailureScope } from "../core/types.ts";
 
 /** JetStream API error code: the message is larger than the stream's `max_msg_size`. */
 const streamMessageExceedsMaximum = 10054;
@@ -19,12 +20,12 @@ const streamMessageExceedsMaximum = 10054;
  *
  * | nats.js error (anywhere in the `cause` chain) | kind | code |
  * | --- | --- | --- |
- * | `NoRespondersError` (no stream captures the subject) | `retryable` | `no_stream` |
+ * | `NoRespondersError` (nothing answered: no stream, a stream without leader, or no JetStream) | `retryable` | `no_stream` |
  * | `TimeoutError` (no PubAck in time; also while disconnected) | `unavailable` | `timeout` |
- * | `ClosedConnectionError` | `unavailable` | `connection_closed` |
- * | `DrainingConnectionError` | `unavailable` | `connection_draining` |
- * | `ConnectionError` | `unavailable` | `connection` |
- * | `JetStreamApiError` with status 503 | `unavailable` | `api_<err_code>` |
+ * | `ClosedConnectionError` | `unavailable`, scope `connection` | `connection_closed` |
+ * | `DrainingConnectionError` | `unavailable`, scope `connection` | `connection_draining` |
+ * | `ConnectionError` | `unavailable`, scope `connection` | `connection` |
+ * | `JetStreamApiError` with status 503 (e.g. 10077, a full stream with `discard: new`) | `unavailable` | `api_<err_code>` |
  * | `InvalidSubjectError` | `permanent` | `invalid_subject` |
  * | `InvalidArgumentError` about `max_payload` | `permanent` | `max_payload` |
  * | other `InvalidArgumentError` | `permanent` | `invalid_argument` |
@@ -35,6 +36,11 @@ const streamMessageExceedsMaximum = 10054;
  *
  * An `OutboxPublishError` is returned unchanged. nats.js uses one class for every bad argument,
  * so only the `max_payload` sub-case looks at the message text.
+ *
+ * "No responders" is ambiguous on its own (nats.js reports it as `JetStreamNotEnabled` whatever
+ * the reason): {@linkcode createJetStreamRuntime} asks the JetStream API which case it is and
+ * throws a precise error (`no_stream` for the subject, `stream_unavailable` for one stream,
+ * `jetstream_not_enabled` for the whole server), with its {@linkcode OutboxFailureScope}.
  *
  * @example
  * ```ts
@@ -47,11 +53,29 @@ export function classifyJetStreamError(error: unknown): OutboxPublishError {
   if (error instanceof OutboxPublishError) return error;
   const chain = causeChain(error);
   const named = (name: string) => chain.find((item) => item.name === name);
-  const make = (kind: "permanent" | "retryable" | "unavailable", code: string, text: string) =>
-    new OutboxPublishError(kind, `${text}: ${errorMessage(error)}`, { code, cause: error });
+  const make = (
+    kind: "permanent" | "retryable" | "unavailable",
+    code: string,
+    text: string,
+    scope?: OutboxFailureScope,
+    detail: Error = error as Error,
+  ) =>
+    new OutboxPublishError(kind, `${text}: ${errorMessage(detail)}`, {
+      code,
+      cause: error,
+      ...(scope ? { scope } : {}),
+    });
 
-  if (named("NoResponders") || named("NoRespondersError")) {
-    return make("retryable", "no_stream", "no JetStream stream captures the subject");
+  const noResponders = named("NoResponders") ?? named("NoRespondersError");
+  if (noResponders) {
+    // Quote the no-responders error itself, not nats.js's misleading "jetstream is not enabled".
+    return make(
+      "retryable",
+      "no_stream",
+      "no JetStream stream answered (none captures the subject, its stream has no leader, or JetStream is not enabled)",
+      undefined,
+      noResponders,
+    );
   }
   if (named("InvalidSubjectError")) {
     return make("permanent", "invalid_subject", "the subject cannot be published to");
@@ -66,13 +90,18 @@ export function classifyJetStreamError(error: unknown): OutboxPublishError {
     return make("unavailable", "timeout", "no PubAck in time");
   }
   if (named("ClosedConnectionError")) {
-    return make("unavailable", "connection_closed", "the NATS connection is closed");
+    return make("unavailable", "connection_closed", "the NATS connection is closed", connection);
   }
   if (named("DrainingConnectionError")) {
-    return make("unavailable", "connection_draining", "the NATS connection is draining");
+    return make(
+      "unavailable",
+      "connection_draining",
+      "the NATS connection is draining",
+      connection,
+    );
   }
   if (named("ConnectionError")) {
-    return make("unavailable", "connection", "the NATS connection failed");
+    return make("unavailable", "connection", "the NATS connection failed", connection);
   }
   const api = chain.find((item) =>
     item.name === "JetStreamApiError" || item.name === "StreamNotFoundError"
@@ -121,7 +150,10 @@ export function pubAckInvalidError(what: string, cause?: unknown): Error {
   return error;
 }
 
-function causeChain(error: unknown): Error[] {
+const connection: OutboxFailureScope = Object.freeze({ kind: "connection" });
+
+/** The error and its `cause`s, outermost first (at most 8). Internal. */
+export function causeChain(error: unknown): Error[] {
   const chain: Error[] = [];
   let current: unknown = error;
   while (current instanceof Error && chain.length < 8 && !chain.includes(current)) {

@@ -129,11 +129,13 @@ export interface BacklogObservation extends AsyncDisposable {
  * outbox, backlog gauges, and process spans for the inbox consumer.
  *
  * Metric names: `outbox.messages.dispatched`, `outbox.messages.failed`, `outbox.messages.dead`,
- * `outbox.messages.duplicate_acks` (counters); `outbox.publish.duration` and
+ * `outbox.messages.duplicate_acks`, `outbox.messages.no_stream` (attempts that found no stream
+ * capturing the subject) (counters); `outbox.publish.duration` and
  * `outbox.message.time_in_outbox` (histograms, seconds); `outbox.messages.due` and
  * `outbox.oldest_due.age` (observable gauges, seconds); `inbox.messages.duplicates`,
  * `inbox.messages.processed`; `outbox.errors` with `surface`, `direction`, `operation`, `phase`,
- * `messaging.system` and `error.type`.
+ * `messaging.system` and `error.type`. Failures of a scoped error (`OutboxPublishError.scope`)
+ * carry `outbox.failure.scope` (`connection`, `jetstream`, `stream`, `subject`).
  *
  * @example
  * ```ts
@@ -158,6 +160,7 @@ export class OutboxTelemetry {
   #failed: Counter;
   #dead: Counter;
   #duplicateAcks: Counter;
+  #noStream: Counter;
   #errors: Counter;
   #publishDuration: Histogram;
   #timeInOutbox: Histogram;
@@ -198,6 +201,10 @@ export class OutboxTelemetry {
     });
     this.#duplicateAcks = m.createCounter("outbox.messages.duplicate_acks", {
       description: "PubAcks with duplicate=true: the stream already had the message id",
+    });
+    this.#noStream = m.createCounter("outbox.messages.no_stream", {
+      description:
+        "Attempts that found no JetStream stream capturing the subject (error.type no_stream)",
     });
     this.#errors = m.createCounter("outbox.errors", {
       description: "Errors by surface, direction, operation and phase",
@@ -294,6 +301,7 @@ export class OutboxTelemetry {
         );
     }
     if (runtime.probe) instrumented.probe = runtime.probe.bind(runtime);
+    if (runtime.probeScope) instrumented.probeScope = runtime.probeScope.bind(runtime);
     return instrumented;
   }
 
@@ -588,20 +596,33 @@ export class OutboxTelemetry {
 
   #onFailed(message: OutboxMessage, info: FailedInfo): void {
     if (this.#metricsOff) return;
-    this.#failed.add(1, {
+    this.#failed.add(1, this.#failureAttributes(message, info.error));
+    this.#countNoStream(message, info.error);
+  }
+
+  /** The failure counters' attributes, with `outbox.failure.scope` for a scoped error. */
+  #failureAttributes(message: OutboxMessage, error: unknown): Attributes {
+    const attributes: Attributes = {
       "messaging.system": this.#system,
       "outbox.kind": message.kind,
-      "error.type": errorType(info.error),
-    });
+      "error.type": errorType(error),
+    };
+    if (error instanceof OutboxPublishError && error.scope) {
+      attributes["outbox.failure.scope"] = error.scope.kind;
+    }
+    return attributes;
+  }
+
+  #countNoStream(message: OutboxMessage, error: unknown): void {
+    if (error instanceof OutboxPublishError && error.code === "no_stream") {
+      this.#noStream.add(1, this.#kindAttributes(message.kind));
+    }
   }
 
   #onDead(message: OutboxMessage, info: DeadInfo): void {
     if (this.#metricsOff) return;
-    this.#dead.add(1, {
-      "messaging.system": this.#system,
-      "outbox.kind": message.kind,
-      "error.type": errorType(info.error),
-    });
+    this.#dead.add(1, this.#failureAttributes(message, info.error));
+    this.#countNoStream(message, info.error);
     this.recordError(info.error, {
       surface: "outbox",
       direction: "dispatcher",

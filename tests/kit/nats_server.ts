@@ -16,6 +16,8 @@ export interface NatsServerOptions {
   maxPayload?: number;
   /** Extra lines for the server configuration file. */
   config?: string[];
+  /** Start with JetStream enabled; `false` gives a core-NATS-only server. @default {true} */
+  jetstream?: boolean;
 }
 
 /**
@@ -80,7 +82,7 @@ export class NatsServer implements AsyncDisposable {
         [
           `listen: "127.0.0.1:${port}"`,
           `max_payload: ${options.maxPayload ?? 1048576}`,
-          `jetstream { store_dir: "${server.storeDir}" }`,
+          ...(options.jetstream === false ? [] : [`jetstream { store_dir: "${server.storeDir}" }`]),
           ...(options.config ?? []),
         ].join("\n") + "\n",
       );

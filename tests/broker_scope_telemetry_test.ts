@@ -1,0 +1,84 @@
+/**
+ * The metric for "no stream captures the subject" (issue #19 item 1), on real JetStream:
+ * `outbox.messages.no_stream` counts every such attempt, and the failure counters carry the
+ * error's scope.
+ */
+
+import assert from "node:assert/strict";
+import { jetstream } from "@nats-io/jetstream";
+import {
+  AggregationTemporality,
+  type DataPoint,
+  MeterProvider,
+  MetricReader,
+  type ResourceMetrics,
+} from "@opentelemetry/sdk-metrics";
+import { createJetStreamRuntime, MemoryOutboxRepository, OutboxDispatcher } from "../mod.ts";
+import { OutboxTelemetry } from "../telemetry.ts";
+import { connectNats, uniqueName } from "./kit/mod.ts";
+import { signal } from "./helpers/dispatch.ts";
+
+class TestReader extends MetricReader {
+  constructor() {
+    super({ aggregationTemporalitySelector: () => AggregationTemporality.CUMULATIVE });
+  }
+  protected onForceFlush(): Promise<void> {
+    return Promise.resolve();
+  }
+  protected onShutdown(): Promise<void> {
+    return Promise.resolve();
+  }
+}
+
+async function points(reader: TestReader, name: string): Promise<DataPoint<unknown>[]> {
+  const { resourceMetrics } = await reader.collect() as { resourceMetrics: ResourceMetrics };
+  for (const scope of resourceMetrics.scopeMetrics) {
+    for (const metric of scope.metrics) {
+      if (metric.descriptor.name === name) return metric.dataPoints as DataPoint<unknown>[];
+    }
+  }
+  return [];
+}
+
+Deno.test("telemetry: attempts on a subject without a stream are counted in outbox.messages.no_stream, failures carry the scope", async () => {
+  const reader = new TestReader();
+  const meterProvider = new MeterProvider({ readers: [reader] });
+  const nc = await connectNats();
+  try {
+    const telemetry = new OutboxTelemetry({ meterProvider });
+    const outbox = new MemoryOutboxRepository();
+    await outbox.enqueue({
+      id: uniqueName("m"),
+      kind: "event.publish",
+      name: "order.created",
+      subject: `${uniqueName("nostream")}.created`,
+      payload: "{}",
+      headers: {},
+    });
+    const dead = signal();
+    const dispatcher = new OutboxDispatcher(
+      outbox,
+      telemetry.instrumentRuntime(createJetStreamRuntime(jetstream(nc))),
+      {
+        ...telemetry.hooks,
+        idleRetryMs: false,
+        retry: { baseMs: 1, capMs: 1, maxAttempts: 2 },
+        onError: () => {},
+        onDead: (message, info) => {
+          telemetry.hooks.onDead(message, info);
+          dead.resolve();
+        },
+      },
+    );
+    await dead.promise;
+    await dispatcher.stop();
+    const noStream = await points(reader, "outbox.messages.no_stream");
+    assert.equal(noStream.reduce((total, point) => total + (point.value as number), 0), 2);
+    const [failed] = await points(reader, "outbox.messages.failed");
+    assert.equal(failed.attributes["error.type"], "no_stream");
+    assert.equal(failed.attributes["outbox.failure.scope"], "subject");
+  } finally {
+    await nc.close();
+    await meterProvider.shutdown();
+  }
+});
