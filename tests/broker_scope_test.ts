@@ -14,6 +14,7 @@ import {
   OutboxPublishError,
   type OutboxRuntime,
   type PreparedEvent,
+  type PubAckConnection,
 } from "../mod.ts";
 import { eventually } from "./kit/mod.ts";
 import { events, signal } from "./helpers/dispatch.ts";
@@ -278,4 +279,89 @@ Deno.test("scopes: while the JetStream API does not answer, a burst of new subje
     assert.equal(error.code, "stream_unavailable");
     assert.equal(error.scope?.kind, "subject");
   }
+});
+
+/** A JetStream client for `createJetStreamRuntime`: `stuck.*` publishes time out, the JetStream API never answers (no meta leader), and the connection's round trip answers or not. */
+function quorumLossClient(options: { serverAnswers: boolean }) {
+  const published: string[] = [];
+  const timeout = () => {
+    const error = new Error("timeout");
+    error.name = "TimeoutError";
+    return error;
+  };
+  const client = {
+    publish(subject: string) {
+      if (subject.startsWith("stuck.")) return Promise.reject(timeout());
+      published.push(subject);
+      return Promise.resolve({ stream: "R1", seq: published.length, duplicate: false });
+    },
+    jetstreamManager: () =>
+      Promise.resolve({
+        getAccountInfo: () => Promise.reject(timeout()),
+        streams: {
+          find: () => Promise.reject(timeout()),
+          info: () => Promise.reject(timeout()),
+        },
+      }),
+    // Only `flush` is used: `publisher: "js.publish"` sends through `publish` above.
+    getConnection: () =>
+      ({
+        flush: () => options.serverAnswers ? Promise.resolve() : new Promise<void>(() => {}),
+      }) as unknown as PubAckConnection,
+  };
+  return { client, published };
+}
+
+Deno.test("scopes: a PubAck timeout while the server answers pauses that subject only, not the whole broker (two of three nodes down, the account-info probe cannot answer)", async () => {
+  const { client, published } = quorumLossClient({ serverAnswers: true });
+  const runtime = createJetStreamRuntime(client, { publisher: "js.publish", timeoutMs: 50 });
+  const outbox = new MemoryOutboxRepository();
+  await outbox.enqueueMany(events("stuck", 5));
+  const fine = events("fine", 30);
+  let paused = 0;
+  const scoped: string[] = [];
+  const dispatcher = new OutboxDispatcher(outbox, runtime, {
+    limit: 10,
+    probeIntervalMs: 10,
+    probeMaxIntervalMs: 50,
+    idleRetryMs: 50,
+    onError: () => {},
+    onPaused: () => paused++,
+    onScopePaused: (info) => scoped.push(`${info.scope.kind}:${info.error.code}`),
+  });
+  try {
+    // Enqueued after the stuck ones, which time out first.
+    await eventually(() => assert.ok(scoped.length + paused > 0), { timeoutMs: 5_000 });
+    await outbox.enqueueMany(fine);
+    dispatcher.notify();
+    await eventually(() => assert.equal(published.length, fine.length), { timeoutMs: 10_000 });
+    assert.equal(paused, 0, "the broker-wide breaker never opened");
+    assert.equal(dispatcher.state, "closed");
+    assert.ok(scoped.every((s) => s === "subject:timeout"), scoped.join());
+    assert.equal((await outbox.stats()).dead, 0);
+  } finally {
+    await dispatcher.stop();
+  }
+});
+
+Deno.test("scopes: a PubAck timeout while the server does not answer a round trip stays broker-wide (within 1 s)", async () => {
+  const { client } = quorumLossClient({ serverAnswers: false });
+  const runtime = createJetStreamRuntime(client, { publisher: "js.publish", timeoutMs: 50 });
+  const startedAt = Date.now();
+  const event: PreparedEvent = {
+    event: "e",
+    subject: "stuck.e0",
+    header: { id: "stuck-1", time: new Date().toISOString() },
+    payload: {},
+    encodedPayload: "{}",
+    headers: {},
+  };
+  const error = await runtime.publishPreparedEvent(event).then(
+    () => assert.fail("published"),
+    (error: OutboxPublishError) => error,
+  );
+  assert.ok(Date.now() - startedAt < 2_000);
+  assert.equal(error.kind, "unavailable");
+  assert.equal(error.code, "timeout");
+  assert.equal(error.scope, undefined);
 });

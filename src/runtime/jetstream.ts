@@ -210,7 +210,11 @@ export function createJetStreamRuntime(
     });
     return current;
   };
-  const scopes = new JetStreamScopes(managed);
+  const connection = typeof js.getConnection === "function" ? js.getConnection() : undefined;
+  const scopes = new JetStreamScopes(
+    managed,
+    typeof connection?.flush === "function" ? () => connection.flush!() : undefined,
+  );
 
   const runtime: JetStreamOutboxRuntime = {
     async publishPreparedEvent(event, delivery) {

@@ -75,6 +75,9 @@ const streamNotFound = 10059;
 /** Diagnoses failures by scope and probes scopes, for one JetStream client. Internal. */
 export class JetStreamScopes {
   readonly #manager: () => Promise<JetStreamManagerLike>;
+  readonly #ping: (() => Promise<unknown>) | undefined;
+  /** The latest connection round trip (shared like `#account`): answered, or not. */
+  #pinged: { at: number; result: Promise<boolean> } | undefined;
   readonly #streamOf = new Map<string, string>();
   readonly #diagnoses = new Map<string, { at: number; result: Promise<OutboxPublishError> }>();
   /**
@@ -84,8 +87,14 @@ export class JetStreamScopes {
    */
   #account: AccountCheck | undefined;
 
-  constructor(manager: () => Promise<JetStreamManagerLike>) {
+  /**
+   * `ping`: a round trip to the server on the publishing connection (nats.js `nc.flush()`). With
+   * it a PubAck `timeout` while the server answers is scoped to the subject's stream: a stream
+   * without a leader (e.g. two of three nodes down) must not stop the streams that take writes.
+   */
+  constructor(manager: () => Promise<JetStreamManagerLike>, ping?: () => Promise<unknown>) {
     this.#manager = manager;
+    this.#ping = ping;
   }
 
   /** Remembers which stream took a subject (from a PubAck), to name it when the API is down. */
@@ -98,6 +107,9 @@ export class JetStreamScopes {
   /** Makes a classified publish failure precise and scoped, asking the JetStream API once. */
   refine(subject: string, error: OutboxPublishError): Promise<OutboxPublishError> {
     if (error.scope) return Promise.resolve(error);
+    if (error.code === "timeout" && error.kind === "unavailable" && this.#ping) {
+      return this.#timedOut(subject, error);
+    }
     const noAnswer = error.code === "no_stream";
     const streamBusy = error.kind === "unavailable" && error.code.startsWith("api_");
     if (!noAnswer && !streamBusy) return Promise.resolve(error);
@@ -265,6 +277,45 @@ export class JetStreamScopes {
       cause: error,
       scope,
     });
+  }
+
+  /**
+   * A PubAck timeout: scoped to the subject's stream (or the subject) when the server answers a
+   * round trip within `maxDiagnosisWaitMs`, left unscoped (broker-wide) otherwise. One round trip
+   * serves every timeout for `diagnosisTtlMs`.
+   */
+  async #timedOut(subject: string, error: OutboxPublishError): Promise<OutboxPublishError> {
+    const now = Date.now();
+    let pinged = this.#pinged;
+    if (!pinged || now - pinged.at >= diagnosisTtlMs) {
+      const ping = this.#ping!;
+      const result = new Promise<boolean>((resolve) => {
+        const timer = setTimeout(() => resolve(false), maxDiagnosisWaitMs);
+        const done = (answered: boolean) => {
+          clearTimeout(timer);
+          resolve(answered);
+        };
+        try {
+          ping().then(() => done(true), () => done(false));
+        } catch {
+          done(false);
+        }
+      });
+      pinged = { at: now, result };
+      this.#pinged = pinged;
+    }
+    if (!(await pinged.result)) return error;
+    const stream = this.#streamOf.get(subject);
+    const where = stream === undefined ? `the stream of '${subject}'` : `stream '${stream}'`;
+    return new OutboxPublishError(
+      "unavailable",
+      `${where} did not acknowledge in time although the server answers (no leader, or overloaded): ${error.message}`,
+      {
+        code: error.code,
+        cause: error,
+        scope: stream === undefined ? { kind: "subject", subject } : { kind: "stream", stream },
+      },
+    );
   }
 
   #stuck(

@@ -106,6 +106,11 @@ export interface PubAckConnection {
    * this way (`{ type: "error", error: PermissionViolationError }`), and fails its publish at once.
    */
   status?(): AsyncIterable<{ type: string; error?: unknown }>;
+  /**
+   * A round trip to the server (nats.js has it). The runtime uses it to tell a PubAck timeout
+   * of one stream (the server answers) from a broker that does not answer.
+   */
+  flush?(): Promise<void>;
 }
 
 /**
