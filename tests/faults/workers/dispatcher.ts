@@ -85,6 +85,8 @@ const runtime: OutboxRuntime = {
     return receipt;
   },
   probe: () => base.probe(),
+  // As the production runtime: a paused stream or subject waits for its own probe.
+  probeScope: (scope) => base.probeScope(scope),
 };
 
 const closers: Array<() => Promise<void> | void> = [];
