@@ -166,7 +166,9 @@ export interface JetStreamOutboxRuntime extends OutboxRuntime {
  * JetStream API (one lookup per subject per second at most): JetStream not enabled is
  * `unavailable` for everything (`jetstream_not_enabled`, scope `jetstream`); no stream capturing
  * the subject is `retryable` (`no_stream`, scope `subject`); a stream without a leader or full
- * is `unavailable` for that stream only (`stream_unavailable` / `api_<code>`, scope `stream`).
+ * is `unavailable` for that stream only (`stream_unavailable` / `api_<code>`, scope `stream`). A
+ * PubAck timeout while the server answers a round trip (`nc.flush()`) is scoped to its stream
+ * (or subject); one the server does not answer stays unscoped (broker-wide).
  *
  * Messages go out through the connection's shared {@linkcode PubAckPipeline} (one reply
  * subscription, a bounded window, one sweeping timer) unless `publisher: "js.publish"` is set or
