@@ -202,8 +202,11 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
       `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = $2::timestamptz WHERE ordering_key = $1 AND key_head AND state = 'dead' RETURNING id`,
     // A requeued message that had left its key (it was skipped) comes back as the key's next
     // message, or as its head when the key has none (locked like an enqueue's).
+    // The targets are locked as read (FOR NO KEY UPDATE): a skip of a target that commits while
+    // this statement waits is then read as it left the row (no longer its key's head), so the
+    // requeue makes it the head again instead of leaving it pending behind no head at all.
     requeue:
-      `WITH target AS (SELECT seq, ordering_key, key_head FROM ${o} WHERE state = 'dead' AND id IN (SELECT json_array_elements_text($1::text::json))), heads AS (SELECT ordering_key FROM ${o} WHERE key_head AND ordering_key IN (SELECT ordering_key FROM target WHERE NOT key_head) FOR KEY SHARE), firsts AS (SELECT min(seq) AS seq FROM target WHERE NOT key_head GROUP BY ordering_key) UPDATE ${o} AS t SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = $2::timestamptz, key_head = t.key_head OR (t.ordering_key NOT IN (SELECT ordering_key FROM heads) AND t.seq IN (SELECT seq FROM firsts)) WHERE t.seq IN (SELECT seq FROM target) AND t.state = 'dead' RETURNING t.id`,
+      `WITH target AS (SELECT seq, ordering_key, key_head FROM ${o} WHERE state = 'dead' AND id IN (SELECT json_array_elements_text($1::text::json)) FOR NO KEY UPDATE), heads AS (SELECT ordering_key FROM ${o} WHERE key_head AND ordering_key IN (SELECT ordering_key FROM target WHERE NOT key_head) FOR KEY SHARE), firsts AS (SELECT min(seq) AS seq FROM target WHERE NOT key_head GROUP BY ordering_key) UPDATE ${o} AS t SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = $2::timestamptz, key_head = t.key_head OR (t.ordering_key NOT IN (SELECT ordering_key FROM heads) AND t.seq IN (SELECT seq FROM firsts)) WHERE t.seq IN (SELECT seq FROM target) AND t.state = 'dead' RETURNING t.id`,
     listDead:
       `SELECT ${columns} FROM ${o} AS t WHERE t.state = 'dead' ORDER BY t.seq LIMIT $1::int`,
     blockedKeys: `SELECT h.ordering_key AS key, h.id AS head_id, ${
