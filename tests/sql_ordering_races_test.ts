@@ -149,3 +149,47 @@ Deno.test("postgres ordering race: requeue of a dead head racing a skip that pro
     await db.close();
   }
 });
+
+Deno.test("postgres ordering race: an enqueue in flight across two hand-overs of its key is not orphaned", async () => {
+  const db = await open();
+  let commit!: () => void;
+  const gate = new Promise<void>((resolve) => commit = resolve);
+  let tx: Promise<unknown> | undefined;
+  try {
+    await db.outbox.enqueueMany([keyed("k", "k1"), keyed("k", "k2")]);
+    const t0 = new Date();
+    const [k1] = await db.outbox.claimDue(10, t0);
+    assert.equal(k1.id, "k1");
+    // k3 is enqueued in a transaction that saw k1 as the key's head, and stays open...
+    let enqueued!: () => void;
+    const inside = new Promise<void>((resolve) => enqueued = resolve);
+    tx = db.sql.begin(async (sql) => {
+      const outbox = new SqlOutboxRepository(postgresJsExecutor(sql), "postgres", db.tables);
+      await outbox.enqueue(keyed("k", "k3"));
+      enqueued();
+      await gate;
+    });
+    await inside;
+    // ...while k1 is dispatched and, if the key hands over to k2 now, k2 (the key's last
+    // visible message) is dispatched too.
+    const published = ["k1"];
+    assert.equal(await db.outbox.markDispatched(k1, t0), true);
+    for (const message of await db.outbox.claimDue(10, t0)) {
+      published.push(message.id);
+      assert.equal(await db.outbox.markDispatched(message, t0), true);
+    }
+    commit();
+    await tx;
+    for (let round = 0; round < 5; round++) {
+      for (const message of await db.outbox.claimDue(10, t0)) {
+        published.push(message.id);
+        assert.equal(await db.outbox.markDispatched(message, t0), true);
+      }
+    }
+    assert.deepEqual(published, ["k1", "k2", "k3"], "k3 was left pending behind no head");
+  } finally {
+    commit();
+    await tx?.catch(() => {});
+    await db.close();
+  }
+});

@@ -183,12 +183,14 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     // With a token, the token and attempts are the fence (attempts guards against writers that
     // claim without writing a token: older library versions during a rolling upgrade); without
     // one (claims built by hand), attempts and the lease expiry as in version 2. A dispatched head hands over to the next row of its
-    // key in the same statement when one is visible; otherwise it stays head (`stale`) and the
-    // repository hands over in a transaction (`heldStale` then `release`), where an enqueue
-    // still in flight can no longer be missed.
+    // key in the same statement when one is visible and no enqueue holds the head (`nexts` locks
+    // it FOR UPDATE SKIP LOCKED); otherwise it stays head (`stale`) and the repository hands over
+    // in a transaction (`heldStale` then `release`), where an enqueue still in flight can no
+    // longer be missed. An enqueue's lock is on the head it saw: handing over past it would let
+    // the next head be released to nobody while that enqueue's row, behind no head, commits.
     markMany: `WITH nexts AS (SELECT h.id, ${
       nextOf("h")
-    } AS next FROM ${o} AS h WHERE h.id IN (SELECT m.id FROM ${marks} WHERE m.state = 'dispatched') AND h.key_head AND h.ordering_key IS NOT NULL), settled AS (UPDATE ${o} AS t SET state = m.state, updated_at = $2::timestamptz, next_attempt_at = m.next, last_error = CASE WHEN m.state = 'dispatched' THEN NULL ELSE m.error END, outcome = CASE WHEN m.outcome IS NULL THEN t.outcome ELSE m.outcome::jsonb END, key_head = CASE WHEN n.next IS NULL THEN t.key_head ELSE false END FROM ${marks} LEFT JOIN nexts AS n ON n.id = m.id WHERE t.id = m.id AND t.state || '' = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token AND t.attempts = m.attempts END) RETURNING t.id, t.seq, t.ordering_key IS NOT NULL AND t.key_head AND t.state = 'dispatched' AS stale, n.next), promoted AS (UPDATE ${o} AS w SET key_head = true WHERE w.id IN (SELECT next FROM settled WHERE next IS NOT NULL) RETURNING 1) SELECT id, seq, stale FROM settled`,
+    } AS next FROM ${o} AS h WHERE h.id IN (SELECT m.id FROM ${marks} WHERE m.state = 'dispatched') AND h.key_head AND h.ordering_key IS NOT NULL FOR UPDATE OF h SKIP LOCKED), settled AS (UPDATE ${o} AS t SET state = m.state, updated_at = $2::timestamptz, next_attempt_at = m.next, last_error = CASE WHEN m.state = 'dispatched' THEN NULL ELSE m.error END, outcome = CASE WHEN m.outcome IS NULL THEN t.outcome ELSE m.outcome::jsonb END, key_head = CASE WHEN n.next IS NULL THEN t.key_head ELSE false END FROM ${marks} LEFT JOIN nexts AS n ON n.id = m.id WHERE t.id = m.id AND t.state || '' = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token AND t.attempts = m.attempts END) RETURNING t.id, t.seq, t.ordering_key IS NOT NULL AND t.key_head AND t.state = 'dispatched' AS stale, n.next), promoted AS (UPDATE ${o} AS w SET key_head = true WHERE w.id IN (SELECT next FROM settled WHERE next IS NOT NULL) RETURNING 1) SELECT id, seq, stale FROM settled`,
     markApplied:
       `SELECT t.id FROM ${o} AS t JOIN json_to_recordset($1::text::json) AS m(id text, attempts integer, token text, state text) ON t.id = m.id WHERE t.claim_token = m.token AND t.attempts = m.attempts AND t.state = m.state`,
     heldStale:
