@@ -193,3 +193,65 @@ Deno.test("postgres ordering race: an enqueue in flight across two hand-overs of
     await db.close();
   }
 });
+
+// KNOWN BUG, not fixed here (the fix is a key-level lock, too large for the review): an enqueue
+// locks the head it sees FOR KEY SHARE until it commits, and a head whose hand-over found no next
+// message (stale) is handed over only when no enqueue holds it (FOR UPDATE SKIP LOCKED). Every
+// enqueue of the key sees that stale head and locks it, so while the key's enqueue transactions
+// overlap without a gap, its committed messages are never handed the head: measured, 6 producers
+// each holding a 30 ms transaction on one key: ~590 enqueued, 1-2 dispatched in 4 s (with and
+// without the markMany fix above). Fix sketch: hand over to a visible next message without waiting
+// for enqueues, and protect only the release to nobody with a per-key lock every keyed enqueue
+// (and requeue) takes shared before it reads the head (pg_advisory_xact_lock_shared) and the
+// release takes exclusively (pg_try_advisory_xact_lock, leaving the head stale when it fails).
+Deno.test({
+  name:
+    "postgres ordering race: a key whose enqueues overlap without a gap still hands over to its committed messages",
+  ignore: true,
+}, async () => {
+  const db = await open();
+  const gates: Array<() => void> = [];
+  const txs: Promise<unknown>[] = [];
+  /** Enqueues `id` in a transaction that stays open until its gate opens. */
+  async function enqueueHeld(id: string): Promise<() => Promise<void>> {
+    let commit!: () => void;
+    const gate = new Promise<void>((resolve) => commit = resolve);
+    gates.push(commit);
+    let enqueued!: () => void;
+    const inside = new Promise<void>((resolve) => enqueued = resolve);
+    const tx = db.sql.begin(async (sql) => {
+      const outbox = new SqlOutboxRepository(postgresJsExecutor(sql), "postgres", db.tables);
+      await outbox.enqueue(keyed("hot", id));
+      enqueued();
+      await gate;
+    });
+    txs.push(tx);
+    await inside;
+    return async () => {
+      commit();
+      await tx;
+    };
+  }
+  try {
+    await db.outbox.enqueue(keyed("hot", "h1"));
+    const t0 = new Date();
+    const [h1] = await db.outbox.claimDue(10, t0);
+    const commitH2 = await enqueueHeld("h2");
+    assert.equal(await db.outbox.markDispatched(h1, t0), true);
+    // Producers overlap: h3's transaction starts before h2's commits, and so on.
+    const commitH3 = await enqueueHeld("h3");
+    await commitH2();
+    // h2 is committed and h1 is dispatched: h2 is due, though h3 is still in flight.
+    const claimed = await db.outbox.claimDue(10, t0);
+    assert.deepEqual(
+      claimed.map((m) => m.id),
+      ["h2"],
+      "the key waits for a moment without enqueues",
+    );
+    await commitH3();
+  } finally {
+    for (const commit of gates) commit();
+    await Promise.allSettled(txs);
+    await db.close();
+  }
+});
