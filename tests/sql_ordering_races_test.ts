@@ -194,21 +194,10 @@ Deno.test("postgres ordering race: an enqueue in flight across two hand-overs of
   }
 });
 
-// KNOWN BUG, not fixed here (the fix is a key-level lock, too large for the review): an enqueue
-// locks the head it sees FOR KEY SHARE until it commits, and a head whose hand-over found no next
-// message (stale) is handed over only when no enqueue holds it (FOR UPDATE SKIP LOCKED). Every
-// enqueue of the key sees that stale head and locks it, so while the key's enqueue transactions
-// overlap without a gap, its committed messages are never handed the head: measured, 6 producers
-// each holding a 30 ms transaction on one key: ~590 enqueued, 1-2 dispatched in 4 s (with and
-// without the markMany fix above). Fix sketch: hand over to a visible next message without waiting
-// for enqueues, and protect only the release to nobody with a per-key lock every keyed enqueue
-// (and requeue) takes shared before it reads the head (pg_advisory_xact_lock_shared) and the
-// release takes exclusively (pg_try_advisory_xact_lock, leaving the head stale when it fails).
-Deno.test({
-  name:
-    "postgres ordering race: a key whose enqueues overlap without a gap still hands over to its committed messages",
-  ignore: true,
-}, async () => {
+// Regression: a stale head used to be handed over only when no enqueue held it FOR KEY SHARE, and
+// every enqueue of the key locks it, so a key whose enqueue transactions overlapped without a gap
+// stopped (6 producers holding 30 ms transactions on one key: ~590 enqueued, 1-2 dispatched in 4 s).
+Deno.test("postgres ordering race: a key whose enqueues overlap without a gap still hands over to its committed messages", async () => {
   const db = await open();
   const gates: Array<() => void> = [];
   const txs: Promise<unknown>[] = [];
