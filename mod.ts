@@ -102,6 +102,7 @@ export {
   resolveRetryPolicy,
   type RetryPolicy,
 } from "./src/core/retry.ts";
+export { serverVersionAtLeast, termReasonSinceVersion } from "./src/core/server_version.ts";
 export { defaultLeaseMs, toIsoTimestamp } from "./src/core/time.ts";
 export { defaultPruneBatchSize } from "./src/core/limits.ts";
 export { applyMarks } from "./src/core/marks.ts";
@@ -218,6 +219,7 @@ export { SqlInboxRepository } from "./src/stores/sql/inbox.ts";
 export { createSqlOutboxAdapter, type SqlOutboxAdapter } from "./src/stores/sql/adapter.ts";
 export {
   listenForOutboxWakeups,
+  type OutboxWakeupMode,
   type OutboxWakeupOptions,
   type OutboxWakeupReason,
   type OutboxWakeupSubscription,

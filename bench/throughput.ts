@@ -9,13 +9,19 @@
  *
  * Options (all optional): `--count=20000` messages per throughput scenario, `--window=256`
  * PubAcks in flight for raw publishing, `--rounds=3` (every scenario runs once per round, rounds
- * interleave, the table shows medians), `--only=a,p,b,pg,pg-keys,pg-1key,sqlite,kv,
- * memory,otel-api,otel-sdk,latency,rss` (a subset), `--latency-seconds=20`, `--latency-rate=1000`, `--latency-rounds=2`
+ * interleave, the table shows medians), `--only=a,p,b,pg,pg-keys,pg-1key,sqlite,kv,memory,otel-api,otel-sdk,
+ * p-r1,p-r3,pg-r1,pg-r3,latency,rss` (a subset; the `-r1`/`-r3` scenarios run on a private
+ * 3-node cluster started through the test kit, see below), `--latency-seconds=20`, `--latency-rate=1000`, `--latency-rounds=2`
  * (runs per wake-up mode, alternating which runs first), `--rss-count=100000`,
  * `--no-async-traces` (nats.js connections with `noAsyncTraces: true`), `--publisher=pipeline|
  * js.publish` (the runtime's publisher in the dispatcher scenarios), `--limit` and
  * `--max-in-flight` (dispatcher options). BENCH_CHILD_FLAGS passes `deno run` flags to every
  * scenario process (for example `--cpu-prof --cpu-prof-dir=.tmp/prof`).
+ *
+ * R3 vs R1: when a `-r1`/`-r3` scenario is wanted, a private 3-node JetStream cluster
+ * (`NatsCluster` from the test kit, local nats-server binary) is started; the client connects to
+ * node n1, the R1 stream is placed on n1, the R3 stream is replicated on all three (its leader
+ * wherever the cluster puts it, reported in the output).
  *
  * Every scenario runs in its own subprocess (./throughput/*.ts), so its peak RSS (VmHWM) is its
  * own; stores and streams are prepared here, before the subprocess starts its clock. After each
@@ -41,7 +47,7 @@ import {
   SqlOutboxRepository,
   type SqlOutboxTables,
 } from "../mod.ts";
-import { uniqueName } from "../tests/kit/mod.ts";
+import { NatsCluster, uniqueName } from "../tests/kit/mod.ts";
 import { createBenchDatabase } from "./support/postgres.ts";
 import { records } from "./support/records.ts";
 import { benchServers } from "./support/servers.ts";
@@ -123,16 +129,19 @@ async function main(): Promise<void> {
   const database = await createBenchDatabase("throughput", servers.postgresUrl);
   const sql = postgres(database.url, { max: 2, onnotice: () => {} });
 
-  async function stream(): Promise<
+  async function stream(
+    on: { jsm: typeof jsm; config: Record<string, unknown> } = { jsm, config: {} },
+  ): Promise<
     { name: string; prefix: string; verify(n: number): Promise<void> }
   > {
     const name = uniqueName("bench_stream");
     const prefix = uniqueName("bench");
-    await jsm.streams.add({ name, subjects: [`${prefix}.>`] });
+    await on.jsm.streams.add({ name, subjects: [`${prefix}.>`], ...on.config });
     return {
       name,
       prefix,
       async verify(n) {
+        const jsm = on.jsm;
         try {
           const info = await jsm.streams.info(name);
           if (info.state.messages !== n) {
@@ -168,6 +177,7 @@ async function main(): Promise<void> {
   async function postgresOutbox(
     n: number,
     traced = false,
+    target?: { jsm: typeof jsm; config: Record<string, unknown> },
     orderingKeys = 0,
   ): Promise<
     {
@@ -177,7 +187,7 @@ async function main(): Promise<void> {
       finish(expected?: number): Promise<void>;
     }
   > {
-    const s = await stream();
+    const s = await stream(target);
     const base = uniqueName("tp").slice(0, 40);
     const tables = { outbox: `${base}_outbox`, inbox: `${base}_inbox` };
     const executor = postgresJsExecutor(sql);
@@ -220,12 +230,90 @@ async function main(): Promise<void> {
       id,
       label,
       async prepare() {
-        const prepared = await postgresOutbox(messages, telemetry === "sdk", orderingKeys);
+        const prepared = await postgresOutbox(
+          messages,
+          telemetry === "sdk",
+          undefined,
+          orderingKeys,
+        );
         const config: OutboxDispatchConfig = {
           natsUrl: nats,
           store: "postgres",
           count: messages,
           telemetry,
+          postgresUrl: database.url,
+          tables: prepared.tables,
+        };
+        return { file: "outbox_dispatch.ts", config, finish: () => prepared.finish() };
+      },
+    };
+  }
+
+  // A private 3-node cluster for the R1/R3 scenarios, started on first use.
+  let cluster:
+    | { url: string; jsm: typeof jsm; nc: NatsConnection; stop(): Promise<void> }
+    | undefined;
+  async function onCluster(): Promise<NonNullable<typeof cluster>> {
+    if (cluster) return cluster;
+    const started = await NatsCluster.start();
+    const url = started.nodes[0].server.url;
+    const clusterNc = await connect({ servers: url });
+    cluster = {
+      url,
+      jsm: await jetstreamManager(clusterNc),
+      nc: clusterNc,
+      async stop() {
+        await clusterNc.close();
+        await started.stop();
+      },
+    };
+    console.error(`cluster: 3 nodes (${started.urls.join(", ")}), the client on n1`);
+    return cluster;
+  }
+  /** The R1 stream sits on n1, where the client is; the R3 stream on all three nodes. */
+  const replicated = (replicas: 1 | 3): Record<string, unknown> =>
+    replicas === 1 ? { num_replicas: 1, placement: { tags: ["node:n1"] } } : { num_replicas: 3 };
+  async function clusterStream(replicas: 1 | 3) {
+    const c = await onCluster();
+    const s = await stream({ jsm: c.jsm, config: replicated(replicas) });
+    const info = await c.jsm.streams.info(s.name);
+    console.error(`  R${replicas} stream ${s.name}: leader ${info.cluster?.leader ?? "?"}`);
+    return { c, s };
+  }
+  function clusterPipeline(replicas: 1 | 3): Scenario {
+    return {
+      id: `p-r${replicas}`,
+      label:
+        `(f) PubAckPipeline, no store, ${window} in flight, 3-node cluster, R${replicas} stream`,
+      async prepare() {
+        const { c, s } = await clusterStream(replicas);
+        const config: RawPublishConfig = {
+          natsUrl: c.url,
+          prefix: s.prefix,
+          tag: uniqueName("pipe"),
+          count,
+          window,
+          publisher: "pipeline",
+        };
+        return { file: "raw_publish.ts", config, finish: () => s.verify(count) };
+      },
+    };
+  }
+  function clusterDispatcher(replicas: 1 | 3): Scenario {
+    return {
+      id: `pg-r${replicas}`,
+      label: `(f) OutboxDispatcher, Postgres, 3-node cluster, R${replicas} stream`,
+      async prepare() {
+        const c = await onCluster();
+        const prepared = await postgresOutbox(count, false, {
+          jsm: c.jsm,
+          config: replicated(replicas),
+        });
+        const config: OutboxDispatchConfig = {
+          natsUrl: c.url,
+          store: "postgres",
+          count,
+          telemetry: "off",
           postgresUrl: database.url,
           tables: prepared.tables,
         };
@@ -401,6 +489,10 @@ async function main(): Promise<void> {
       "(e) = (c) Postgres + OutboxTelemetry + OpenTelemetry SDK",
       "sdk",
     ),
+    clusterPipeline(1),
+    clusterPipeline(3),
+    clusterDispatcher(1),
+    clusterDispatcher(3),
   ];
 
   /** Extra `deno run` flags for the scenario processes, e.g. `--cpu-prof --cpu-prof-dir=.tmp/prof`. */
@@ -663,6 +755,21 @@ async function main(): Promise<void> {
       }
     }
 
+    for (const kind of ["p", "pg"] as const) {
+      const list = (replicas: number) => results.get(`${kind}-r${replicas}`);
+      const r1 = list(1);
+      const r3 = list(3);
+      if (r1 && r3) {
+        const m1 = median(r1.map(rate));
+        const m3 = median(r3.map(rate));
+        lines.push(
+          `R3 vs R1 (${
+            kind === "p" ? "PubAckPipeline, no store" : "OutboxDispatcher, Postgres"
+          }): ${fmt(m3)} vs ${fmt(m1)} msg/s, ${ratio(m3 / m1)} (medians, same cluster and run).`,
+        );
+      }
+    }
+
     lines.push(...latencyLines);
 
     if (wanted("rss")) {
@@ -702,6 +809,7 @@ async function main(): Promise<void> {
     );
     console.log(lines.join("\n"));
   } finally {
+    await cluster?.stop().catch(() => {});
     await sql.end();
     await nc.close();
     await database.drop();

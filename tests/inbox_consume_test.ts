@@ -19,8 +19,10 @@ import {
   nodeSqliteExecutor,
   OutboxValidationError,
   redeliveryHorizonMs,
+  serverVersionAtLeast,
   SqlInboxRepository,
   sqliteTransactionRunner,
+  termReasonSinceVersion,
 } from "../mod.ts";
 import {
   connectNats,
@@ -172,6 +174,55 @@ Deno.test("a poison message is terminated after max_deliver and reported once", 
   await settled(env.nc, env.stream.name);
 });
 
+Deno.test("a poison message is terminated with its reason where the server honours one (2.10.4+), without one before; never redelivered", async () => {
+  await using env = await setup({ max_deliver: 2, ack_wait: second });
+  const js = jetstream(env.nc);
+  const version = env.nc.info?.version;
+  const advisories = env.nc.subscribe(
+    `$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.${env.stream.name}.${env.durable}`,
+  );
+  const poisoned: string[] = [];
+  const attempts: number[] = [];
+  const running = await consumeWithInbox(
+    await js.consumers.get(env.stream.name, env.durable),
+    {
+      scope: env.durable,
+      inbox: new MemoryInboxRepository(),
+      nakBackoff: { baseMs: 10, capMs: 10 },
+      handler: (message) => {
+        attempts.push(message.info.deliveryCount);
+        return Promise.reject(new Error("cannot apply"));
+      },
+      onPoison: (message) => void poisoned.push(message.string()),
+    },
+  );
+  try {
+    await js.publish(`${env.stream.prefix}.a`, "poison", { msgID: "term-1" });
+    let advisory: { reason?: string; deliveries: number } | undefined;
+    // A terminate ack the server ignored sends no advisory: give up after a while.
+    const giveUp = setTimeout(() => advisories.unsubscribe(), 10_000);
+    for await (const message of advisories) {
+      advisory = message.json();
+      break;
+    }
+    clearTimeout(giveUp);
+    assert.ok(advisory, `nats-server ${version}: no MSG_TERMINATED advisory (term ignored?)`);
+    assert.equal(advisory.deliveries, 2);
+    if (serverVersionAtLeast(version, termReasonSinceVersion)) {
+      assert.equal(advisory.reason, "poisoned after 2 deliveries: cannot apply");
+    } else {
+      assert.ok(!advisory.reason, `nats-server ${version}: no reason sent`);
+    }
+    // Terminated for good: no third delivery (a reason on 2.9 would have been ignored).
+    await new Promise((resolve) => setTimeout(resolve, 1_500));
+    assert.deepEqual(attempts, [1, 2], `nats-server ${version}`);
+    assert.deepEqual(poisoned, ["poison"]);
+  } finally {
+    advisories.unsubscribe();
+    await running.stop();
+  }
+});
+
 Deno.test("a handler longer than ack_wait is kept alive with in-progress acks", async () => {
   await using env = await setup({ ack_wait: 1 * second });
   const js = jetstream(env.nc);
@@ -242,6 +293,10 @@ Deno.test("configuration errors are typed and happen at start", async () => {
   );
   await assert.rejects(
     consumeWithInbox(consumer, { ...base, inbox: new MemoryInboxRepository(), concurrency: 0 }),
+    OutboxValidationError,
+  );
+  await assert.rejects(
+    consumeWithInbox(consumer, { ...base, inbox: new MemoryInboxRepository(), pullExpiresMs: 999 }),
     OutboxValidationError,
   );
   await assert.rejects(

@@ -122,18 +122,47 @@ Deno.test("kit: with the env URLs unset, resolution starts local servers", async
   }
 });
 
+Deno.test("kit: with no env URL and no local Postgres binaries, resolution starts the npm-shipped Postgres 18", async () => {
+  const names = [postgresUrlEnv, "OUTBOX_POSTGRES_BIN_DIR"];
+  const saved = new Map(names.map((name) => [name, Deno.env.get(name)]));
+  Deno.env.delete(postgresUrlEnv);
+  Deno.env.set("OUTBOX_POSTGRES_BIN_DIR", "/nonexistent/bin");
+  try {
+    const pg = await resolvePostgres();
+    try {
+      assert.equal(pg.source, "embedded");
+      const sql = postgres(pg.url, { max: 1 });
+      try {
+        const [{ server_version_num }] = await sql`SHOW server_version_num`;
+        assert.equal(Math.floor(Number(server_version_num) / 10000), 18);
+      } finally {
+        await sql.end();
+      }
+    } finally {
+      await pg.stop();
+    }
+  } finally {
+    for (const [name, value] of saved) {
+      if (value === undefined) Deno.env.delete(name);
+      else Deno.env.set(name, value);
+    }
+  }
+});
+
 Deno.test("kit: with no env URL, no binaries and no Docker engine, resolution says what to install", async () => {
   const names = [
     natsUrlEnv,
     postgresUrlEnv,
     "OUTBOX_NATS_SERVER_BIN",
     "OUTBOX_POSTGRES_BIN_DIR",
+    "OUTBOX_EMBEDDED_POSTGRES",
     "PATH",
   ];
   const saved = new Map(names.map((name) => [name, Deno.env.get(name)]));
   for (const name of [natsUrlEnv, postgresUrlEnv]) Deno.env.delete(name);
   Deno.env.set("OUTBOX_NATS_SERVER_BIN", "/nonexistent/nats-server");
   Deno.env.set("OUTBOX_POSTGRES_BIN_DIR", "/nonexistent/bin");
+  Deno.env.set("OUTBOX_EMBEDDED_POSTGRES", "off");
   Deno.env.set("PATH", "/nonexistent"); // no docker client either
   try {
     await assert.rejects(resolveNats(), (error: Error) => {

@@ -162,3 +162,37 @@ Deno.test("nats kv: the orphan-marker grace is measured on the server's clock (i
   await strict.claimDue(10, new Date());
   assert.notEqual((await fixture.kv.get(orphanKey))?.operation, "PUT");
 });
+
+Deno.test("nats kv: a requeue ends the claims before it, also for a claimer that writes no token", async () => {
+  await using fixture = await openKvFixture();
+  const id = "rolling";
+  const key = await outboxRecordKey(id);
+  const outbox = fixture.outbox();
+  await outbox.enqueue(record(id));
+  const now = new Date();
+  // This process dead-letters its claim; the reply of the mark is lost, so it will retry it.
+  const [claim] = await outbox.claimDue(1, now);
+  assert.equal(await outbox.markDead(claim, { error: "refused", now }), true);
+  assert.equal(await outbox.requeue([id], now), 1);
+  // An older library version (during a rolling upgrade) claims the requeued message the way it
+  // did: the record copied, state and attempts changed, no token written.
+  const got = await fixture.peerKv.get(key);
+  const stored = JSON.parse(new TextDecoder().decode(got!.value));
+  await fixture.peerKv.update(
+    key,
+    JSON.stringify({
+      ...stored,
+      state: "claimed",
+      attempts: stored.attempts + 1,
+      updatedAt: now.toISOString(),
+      nextAttemptAt: new Date(now.getTime() + 30_000).toISOString(),
+    }),
+    got!.revision,
+  );
+  assert.equal(
+    await outbox.markDead(claim, { error: "refused", now }),
+    false,
+    "the retried mark of the claim before the requeue is superseded",
+  );
+  assert.equal((await outbox.get(id))?.state, "claimed", "the other process keeps its claim");
+});

@@ -5,6 +5,7 @@
  */
 
 import assert from "node:assert/strict";
+import process from "node:process";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { headers as natsHeaders } from "@nats-io/nats-core";
 import type { NatsConnection } from "@nats-io/transport-node";
@@ -157,6 +158,11 @@ Deno.test("PubAckPipeline: a timeout fails as unavailable; the late PubAck is ig
 Deno.test("PubAckPipeline: close mid-flight fails every pending publish as connection_closed", async () => {
   await using server = await NatsServer.start();
   const nc = await connectNats(server.url);
+  // A status listener (as an application logging reconnects has) makes nats.js close the
+  // subscriptions before it reports the connection closed: still `connection_closed`.
+  const watching = (async () => {
+    for await (const _ of nc.status()) { /* logged by an application */ }
+  })();
   await (await jetstreamManager(nc)).streams.add({ name: "closing", subjects: ["closing.>"] });
   const pipeline = new PubAckPipeline(nc, { window: 2 });
   await frozen(server, nc);
@@ -173,6 +179,7 @@ Deno.test("PubAckPipeline: close mid-flight fails every pending publish as conne
     assert.deepEqual([error.kind, error.code], ["unavailable", "connection_closed"]);
   }
   assert.equal(pipeline.pending, 0);
+  await watching;
   server.resume();
 });
 
@@ -280,5 +287,127 @@ Deno.test("PubAckPipeline: the window holds back publishes until PubAcks free sl
   } finally {
     server.resume();
     await nc.close();
+  }
+});
+
+Deno.test("PubAckPipeline: a publish the account may not make fails at once, classified as with js.publish", async () => {
+  // nats-server answers a denied PUB with `-ERR 'Permissions Violation for Publish to "<subject>"'`
+  // and no reply: js.publish fails at once (nats.js matches the error to the request); the
+  // pipeline must too, not wait out its timeout as `unavailable` (which pauses the whole
+  // dispatcher for one subject's permissions).
+  await using server = await NatsServer.start({
+    config: [
+      `accounts { A { jetstream: enabled, users: [ { user: a, password: a, permissions: { publish: { allow: [">"], deny: ["denied.>"] } } } ] } }`,
+    ],
+  });
+  const nc = await connectNats(server.url, { user: "a", pass: "a" });
+  try {
+    await (await jetstreamManager(nc)).streams.add({
+      name: "perm",
+      subjects: ["denied.>", "ok.>"],
+    });
+    for (const publisher of modes) {
+      const runtime = createJetStreamRuntime(jetstream(nc), { publisher, timeoutMs: 10_000 });
+      const started = performance.now();
+      const denied = await Promise.all([
+        failure(runtime.publishPreparedEvent(event("denied.a"))),
+        failure(runtime.publishPreparedEvent(event("denied.b"))),
+      ]);
+      const waited = performance.now() - started;
+      for (const error of denied) {
+        assert.deepEqual([error.kind, error.code], ["retryable", "publish_failed"], publisher);
+        assert.match(error.message, /Permissions Violation/, publisher);
+      }
+      assert.ok(waited < 5_000, `${publisher}: failed after ${waited} ms, not at once`);
+      const ack = await runtime.publishPreparedEvent(event("ok.a"));
+      assert.equal(ack.stream, "perm", `${publisher}: other subjects still publish`);
+    }
+    assert.equal(pubAckPipelineFor(nc).pending, 0);
+  } finally {
+    await nc.close();
+  }
+});
+
+Deno.test("PubAckPipeline: a NaN budget or a timeout beyond the timer range neither hangs nor spins", async () => {
+  await using server = await NatsServer.start();
+  const warnings: string[] = [];
+  const onWarning = (warning: Error) => warnings.push(warning.name);
+  process.on("warning", onWarning);
+  try {
+    for (const publisher of modes) {
+      const nc = await connectNats(server.url);
+      try {
+        await (await jetstreamManager(nc)).streams.add({ name: "range", subjects: ["range.>"] });
+        await frozen(server, nc);
+        // A NaN budget (a caller's arithmetic gone wrong) is ignored: the runtime's own timeout
+        // applies. Before, the publish never settled (a deadline of NaN is never reached).
+        const runtime = createJetStreamRuntime(jetstream(nc), { publisher, timeoutMs: 300 });
+        const started = performance.now();
+        let giveUp: ReturnType<typeof setTimeout> | undefined;
+        const nan = await Promise.race([
+          failure(runtime.publishPreparedEvent(event("range.a"), { timeoutMs: NaN })),
+          new Promise<undefined>((resolve) => giveUp = setTimeout(() => resolve(undefined), 3_000)),
+        ]).finally(() => clearTimeout(giveUp));
+        assert.ok(nan !== undefined, `${publisher}: a NaN budget never settled`);
+        assert.deepEqual([nan.kind, nan.code], ["unavailable", "timeout"], publisher);
+        assert.ok(performance.now() - started >= 250, publisher);
+
+        // 30 days: more than a timer holds (2^31-1 ms). Before, js.publish timed out at once and
+        // the pipeline re-armed a 1 ms sweep (a TimeoutOverflowWarning each) until the deadline.
+        const days = createJetStreamRuntime(jetstream(nc), {
+          publisher,
+          timeoutMs: 30 * 86_400_000,
+        });
+        let settled = false;
+        const pending = days.publishPreparedEvent(event("range.b"));
+        void pending.then(() => settled = true, () => settled = true);
+        await sleep(300);
+        assert.equal(settled, false, `${publisher}: a 30-day timeout ended within 300 ms`);
+        // The pipeline on its own, with no runtime to cap the timeout.
+        const direct = new PubAckPipeline(nc).publish(
+          "range.c",
+          "x",
+          msgId(uniqueName("id")),
+          30 * 86_400_000,
+        );
+        await sleep(50);
+        server.resume();
+        assert.equal((await pending).stream, "range", publisher);
+        assert.equal((await direct).stream, "range", publisher);
+      } finally {
+        server.resume();
+        if (!nc.isClosed()) await nc.close();
+      }
+      await (async () => {
+        const admin = await connectNats(server.url);
+        await (await jetstreamManager(admin)).streams.delete("range");
+        await admin.close();
+      })();
+    }
+  } finally {
+    process.off("warning", onWarning);
+  }
+  assert.deepEqual(warnings.filter((name) => name === "TimeoutOverflowWarning"), []);
+});
+
+Deno.test("PubAckPipeline: a publish in flight when the connection closes is connection_closed with either publisher", async () => {
+  // nats.js fails the requests in flight at close with a bare `RequestError("connection closed")`
+  // (no typed cause): js.publish classified it `retryable` (`publish_failed`) while the pipeline
+  // said `unavailable` (`connection_closed`).
+  await using server = await NatsServer.start();
+  for (const publisher of modes) {
+    const nc = await connectNats(server.url);
+    await (await jetstreamManager(nc)).streams.add({ name: "shut", subjects: ["shut.>"] });
+    const runtime = createJetStreamRuntime(jetstream(nc), { publisher, timeoutMs: 30_000 });
+    await frozen(server, nc);
+    const inFlight = failure(runtime.publishPreparedEvent(event("shut.a")));
+    await sleep(50);
+    await nc.close();
+    const error = await inFlight;
+    assert.deepEqual([error.kind, error.code], ["unavailable", "connection_closed"], publisher);
+    server.resume();
+    const admin = await connectNats(server.url);
+    await (await jetstreamManager(admin)).streams.delete("shut");
+    await admin.close();
   }
 });

@@ -381,6 +381,7 @@ Deno.test("pg_notify on enqueue reaches a LISTENer on commit only", async () => 
         "a (re)LISTEN wakes once: notifications may have been missed",
       );
       assert.equal(subscription.channel, tables.outbox);
+      assert.equal(subscription.mode, "listen", "a direct connection receives notifications");
       arrived = next();
       await assert.rejects(
         sql.begin(async (tx) => {

@@ -159,7 +159,8 @@ export interface OutboxMessage extends OutboxRecord {
    * The fencing token of the message's latest claim: written fresh by every `claimDue` (an
    * opaque string, unique per message and claim) and kept after the claim is settled, so a
    * retried mark can tell "already applied by this claim" from "superseded". Absent until the
-   * message is first claimed. See {@linkcode OutboxClaim}.
+   * message is first claimed, and again after a `requeue` (which ends every earlier claim). See
+   * {@linkcode OutboxClaim}.
    */
   claimToken?: string;
 }

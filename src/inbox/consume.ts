@@ -17,7 +17,8 @@
  * @module
  */
 
-import { OutboxValidationError } from "../core/errors.ts";
+import { errorMessage, OutboxValidationError } from "../core/errors.ts";
+import { serverVersionAtLeast, termReasonSinceVersion } from "../core/server_version.ts";
 import { positiveInteger } from "../core/limits.ts";
 import { backoffCeilingMs, type ResolvedRetryPolicy, resolveRetryPolicy } from "../core/retry.ts";
 import { messageIdOf } from "./message_id.ts";
@@ -56,8 +57,8 @@ export interface JetStreamMessageLike {
   ack(): void;
   /** Asks for redelivery after `millis`. */
   nak(millis?: number): void;
-  /** Stops redelivery. */
-  term(): void;
+  /** Stops redelivery; `reason` only when the server honours it (see `serverVersion`). */
+  term(reason?: string): void;
   /** Extends the ack deadline (in-progress ack). */
   working(): void;
 }
@@ -79,7 +80,7 @@ export interface PullConsumerLike<M extends JetStreamMessageLike> {
   info(): Promise<{ config: RedeliveryConfig }>;
   /** Starts pulling messages. */
   consume(
-    options: { max_messages: number },
+    options: { max_messages: number; expires?: number },
   ): Promise<AsyncIterable<M> & { close(): Promise<unknown> }>;
 }
 
@@ -134,6 +135,22 @@ export interface InboxConsumerOptions<M extends JetStreamMessageLike, Tx> {
   concurrency?: number;
   /** Messages pulled ahead of processing. @default {concurrency * 2} */
   prefetch?: number;
+  /**
+   * How long one pull request lives on the server. The server sends idle heartbeats every half of
+   * it, and two missed heartbeats make the client pull again: on a cluster, a pull request left
+   * with a consumer leader that died is replaced after about this long (with nats.js's 30 s
+   * default, consumption stalled for ~50 s after a leader change). At least 1000.
+   * @default {5000}
+   */
+  pullExpiresMs?: number;
+  /**
+   * The nats-server version (`nc.info?.version`). From 2.10.4 on, a poisoned message is
+   * terminated with a reason (`poisoned after <n> deliveries: <error>`, shown in the server's
+   * `MSG_TERMINATED` advisory); older servers ignore a terminate ack that carries a reason (the
+   * message would be redelivered), so they get none.
+   * @default {read from a nats.js consumer's connection; unknown means no reason}
+   */
+  serverVersion?: string;
   /** Nak delay after delivery `n` is `min(capMs, baseMs * 2 ** (n - 1))`. @default {{ baseMs: 1000, capMs: 60000 }} */
   nakBackoff?: { baseMs?: number; capMs?: number };
   /** In-progress ack period while a handler runs. @default {a third of the consumer's ack_wait} */
@@ -261,6 +278,15 @@ export async function consumeWithInbox<M extends JetStreamMessageLike, Tx = unde
 ): Promise<InboxConsumer> {
   const concurrency = positiveInteger("concurrency", options.concurrency ?? 1);
   if (options.prefetch !== undefined) positiveInteger("prefetch", options.prefetch);
+  if (
+    options.pullExpiresMs !== undefined &&
+    (!Number.isSafeInteger(options.pullExpiresMs) || options.pullExpiresMs < 1_000)
+  ) {
+    throw new OutboxValidationError(
+      "pullExpiresMs",
+      `pullExpiresMs must be an integer >= 1000, got ${options.pullExpiresMs}`,
+    );
+  }
   if (options.inProgressIntervalMs !== undefined && options.inProgressIntervalMs < 100) {
     throw new OutboxValidationError(
       "inProgressIntervalMs",
@@ -308,9 +334,14 @@ export async function consumeWithInbox<M extends JetStreamMessageLike, Tx = unde
   if (options.retention) {
     checkInboxRetention(options.retention, { consumer: config, nakCapMs: nak.capMs });
   }
-  const loop = new ConsumerLoop(config, options, concurrency, nak);
+  const termReason = serverVersionAtLeast(
+    options.serverVersion ?? connectedServerVersion(consumer),
+    termReasonSinceVersion,
+  );
+  const loop = new ConsumerLoop(config, options, concurrency, nak, termReason);
   const messages = await consumer.consume({
     max_messages: options.prefetch ?? concurrency * 2,
+    expires: options.pullExpiresMs ?? 5_000,
   });
   loop.run(messages);
   return loop;
@@ -322,6 +353,7 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
   #options: InboxConsumerOptions<M, Tx>;
   #concurrency: number;
   #nak: ResolvedRetryPolicy;
+  #termReason: boolean;
   #scope: string;
   #maxDeliver: number;
   #heartbeatMs: number;
@@ -335,10 +367,12 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
     options: InboxConsumerOptions<M, Tx>,
     concurrency: number,
     nak: ResolvedRetryPolicy,
+    termReason: boolean,
   ) {
     this.#options = options;
     this.#concurrency = concurrency;
     this.#nak = nak;
+    this.#termReason = termReason;
     this.#scope = options.scope;
     this.#maxDeliver = config.max_deliver ?? -1;
     const ackWaitMs = (config.ack_wait ?? 30_000_000_000) / 1_000_000;
@@ -465,8 +499,14 @@ class ConsumerLoop<M extends JetStreamMessageLike, Tx> implements InboxConsumer 
     this.stats.failed += 1;
     this.#report(error, message);
     if (this.#maxDeliver > 0 && deliveryCount >= this.#maxDeliver) {
-      // No reason argument: servers before 2.10.4 ignore a "+TERM <reason>" ack entirely.
-      message.term();
+      // Servers before 2.10.4 ignore a "+TERM <reason>" ack entirely: no reason for them.
+      if (this.#termReason) {
+        message.term(
+          `poisoned after ${deliveryCount} deliveries: ${errorMessage(error)}`.slice(0, 512),
+        );
+      } else {
+        message.term();
+      }
       this.stats.poisoned += 1;
       try {
         await this.#options.onPoison?.(message, error);
@@ -494,6 +534,20 @@ function hasOrThrow(inbox: InboxRepository, messageId: string, consumer: string)
     );
   }
   return inbox.has(messageId, { consumer });
+}
+
+/**
+ * The server version of a nats.js consumer's connection (`consumer.api.nc.info.version`), read
+ * defensively: other consumer implementations have none.
+ */
+function connectedServerVersion(consumer: unknown): string | undefined {
+  try {
+    const version = (consumer as { api?: { nc?: { info?: { version?: unknown } } } })?.api?.nc
+      ?.info?.version;
+    return typeof version === "string" ? version : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 function guard(fn: () => void): void {

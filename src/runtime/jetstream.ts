@@ -85,7 +85,8 @@ export interface JetStreamPublisher {
 export interface JetStreamRuntimeOptions {
   /**
    * How long to wait for the PubAck. The dispatcher may ask for less (what is left of the claim's
-   * lease); the smaller value wins. A publish without PubAck in time fails as `unavailable`.
+   * lease); the smaller value wins (a NaN budget is ignored; either is capped at 2^31-1 ms, the
+   * longest timer). A publish without PubAck in time fails as `unavailable`.
    *
    * @default {5000}
    */
@@ -213,10 +214,19 @@ export function createJetStreamRuntime(
 
   const runtime: JetStreamOutboxRuntime = {
     async publishPreparedEvent(event, delivery) {
+      // A budget that is not a number (NaN) is ignored: a NaN deadline is never reached. A timer
+      // holds at most 2^31-1 ms (longer ones fire at once in nats.js's request timer).
       const budget = delivery?.timeoutMs;
-      const timeout = Math.max(
-        1,
-        Math.floor(budget === undefined ? timeoutMs : Math.min(timeoutMs, budget)),
+      const timeout = Math.min(
+        maxTimerDelayMs,
+        Math.max(
+          1,
+          Math.floor(
+            typeof budget !== "number" || Number.isNaN(budget)
+              ? timeoutMs
+              : Math.min(timeoutMs, budget),
+          ),
+        ),
       );
       // Nats-Msg-Id goes FIRST, and not through the `msgID` option (which nats.js appends
       // last): nats-server 2.9 takes the first occurrence of the text "Nats-Msg-Id" in the
@@ -280,6 +290,9 @@ export function createJetStreamRuntime(
 }
 
 const messageIdLower = outboxHeaders.messageId.toLowerCase();
+
+/** The longest delay `setTimeout` honours (2^31-1 ms, about 24.8 days). */
+const maxTimerDelayMs = 2_147_483_647;
 
 type Send = (
   subject: string,

@@ -22,7 +22,7 @@ const streamMessageExceedsMaximum = 10054;
  * | --- | --- | --- |
  * | `NoRespondersError` (nothing answered: no stream, a stream without leader, or no JetStream) | `retryable` | `no_stream` |
  * | `TimeoutError` (no PubAck in time; also while disconnected) | `unavailable` | `timeout` |
- * | `ClosedConnectionError` | `unavailable`, scope `connection` | `connection_closed` |
+ * | `ClosedConnectionError`; a `RequestError` "connection closed" (js.publish in flight at close) | `unavailable`, scope `connection` | `connection_closed` |
  * | `DrainingConnectionError` | `unavailable`, scope `connection` | `connection_draining` |
  * | `ConnectionError` | `unavailable`, scope `connection` | `connection` |
  * | `JetStreamApiError` with status 503 (e.g. 10077, a full stream with `discard: new`) | `unavailable` | `api_<err_code>` |
@@ -89,7 +89,12 @@ export function classifyJetStreamError(error: unknown): OutboxPublishError {
   if (named("TimeoutError")) {
     return make("unavailable", "timeout", "no PubAck in time");
   }
-  if (named("ClosedConnectionError")) {
+  // nats.js fails the requests in flight at close with a bare RequestError("connection closed")
+  // (its request multiplexer's close), no ClosedConnectionError in the chain.
+  if (
+    named("ClosedConnectionError") ||
+    chain.some((item) => item.name === "RequestError" && item.message === "connection closed")
+  ) {
     return make("unavailable", "connection_closed", "the NATS connection is closed", connection);
   }
   if (named("DrainingConnectionError")) {

@@ -101,6 +101,11 @@ export interface PubAckConnection {
   isDraining(): boolean;
   /** Resolves when the connection closes. */
   closed(): Promise<void | Error>;
+  /**
+   * The connection's status events (nats.js has it): a publish permissions violation comes only
+   * this way (`{ type: "error", error: PermissionViolationError }`), and fails its publish at once.
+   */
+  status?(): AsyncIterable<{ type: string; error?: unknown }>;
 }
 
 /**
@@ -130,6 +135,9 @@ interface Entry {
   resolve: (ack: PubAck) => void;
   reject: (error: unknown) => void;
 }
+
+/** The longest delay `setTimeout` honours; a longer one fires after 1 ms (a busy sweep). */
+const maxTimerDelayMs = 2_147_483_647;
 
 /** A re-arm of the sweep timer is skipped for deadlines less than this much earlier. */
 const sweepSlackMs = 1;
@@ -197,6 +205,7 @@ export class PubAckPipeline {
       () => this.#closeAll(),
       () => this.#closeAll(),
     );
+    this.#watchStatus();
   }
 
   /** PubAcks awaited at once. */
@@ -217,7 +226,8 @@ export class PubAckPipeline {
 
   /**
    * Publishes `payload` to `subject` with `headers` and resolves with the PubAck, or rejects
-   * after `timeoutMs` (counted from this call, waiting for a window slot included).
+   * after `timeoutMs` (counted from this call, waiting for a window slot included); a NaN
+   * `timeoutMs` rejects at once with a `RangeError`.
    */
   publish(
     subject: string,
@@ -226,6 +236,11 @@ export class PubAckPipeline {
     timeoutMs: number,
   ): Promise<PubAck> {
     return new Promise<PubAck>((resolve, reject) => {
+      if (Number.isNaN(timeoutMs)) {
+        // A NaN deadline is never reached: the publish would never settle.
+        reject(new RangeError("timeoutMs must be a number, got NaN"));
+        return;
+      }
       const entry: Entry = {
         subject,
         payload,
@@ -277,7 +292,7 @@ export class PubAckPipeline {
     this.#subscription = subscription;
     this.#replyPrefix = replyPrefix;
     subscription.closed.then(
-      () => this.#failSubscription(subscription),
+      (error) => this.#failSubscription(subscription, error instanceof Error ? error : undefined),
       (error) => this.#failSubscription(subscription, error),
     );
   }
@@ -291,6 +306,43 @@ export class PubAckPipeline {
     this.#pending.delete(token);
     settle(entry, msg);
     this.#pump();
+  }
+
+  /**
+   * nats-server answers a PUB the account may not make with `-ERR 'Permissions Violation for
+   * Publish to "<subject>"'` and no reply; nats.js reports it only as a status event. Without
+   * this the publish would wait out its timeout as `unavailable` (a broker-wide pause for one
+   * subject's permissions) where `js.publish` fails at once with the `PermissionViolationError`.
+   */
+  #watchStatus(): void {
+    const events = this.#nc.status?.();
+    if (events === undefined) return;
+    void (async () => {
+      for await (const event of events) {
+        if (event.type !== "error") continue;
+        const error = event.error as { name?: unknown; operation?: unknown; subject?: unknown };
+        if (
+          error?.name === "PermissionViolationError" && error.operation === "publish" &&
+          typeof error.subject === "string"
+        ) {
+          this.#denied(error.subject, error);
+        }
+      }
+    })().catch(() => {});
+  }
+
+  /**
+   * Fails the oldest pending publish to `subject` with `error`: the server refuses PUBs in the
+   * order they were sent (as nats.js matches such an error to the first request to that subject).
+   */
+  #denied(subject: string, error: unknown): void {
+    for (const [token, entry] of this.#pending) {
+      if (entry.subject !== subject) continue;
+      this.#pending.delete(token);
+      entry.reject(error);
+      this.#pump();
+      return;
+    }
   }
 
   /** Sends queued publishes while the window has room. */
@@ -314,7 +366,10 @@ export class PubAckPipeline {
     }
     if (this.#connectionClosed) return;
     this.#timerAt = deadline;
-    this.#timer = setTimeout(this.#sweep, Math.max(0, deadline - performance.now()));
+    this.#timer = setTimeout(
+      this.#sweep,
+      Math.min(maxTimerDelayMs, Math.max(0, deadline - performance.now())),
+    );
   }
 
   /** Fails every publish past its deadline and re-arms for the earliest one left. */
@@ -382,6 +437,10 @@ export class PubAckPipeline {
   #connectionError(cause: unknown): Error {
     if (this.#connectionClosed || this.#nc.isClosed()) return new errors.ClosedConnectionError();
     if (this.#nc.isDraining()) return new errors.DrainingConnectionError();
+    // Ended without an error: only `nc.close()` does that (nobody else holds the subscription),
+    // and nats.js marks the connection closed only after its status listeners stopped, so with
+    // any `nc.status()` iterator around `isClosed()` is still false here.
+    if (cause === undefined) return new errors.ClosedConnectionError();
     return new errors.ConnectionError("the PubAck subscription closed", { cause });
   }
 }

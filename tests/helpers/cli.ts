@@ -121,12 +121,39 @@ export class CliProcess {
     if (buffer) lines.push(buffer);
   }
 
-  /** Resolves with the first line (stdout or stderr, already printed or future) matching. */
-  waitForLine(pattern: RegExp): Promise<string> {
+  /**
+   * Resolves with the first line (stdout or stderr, already printed or future) matching; rejects
+   * after `timeoutMs` (a changed output format fails the test instead of hanging the suite).
+   */
+  waitForLine(pattern: RegExp, timeoutMs = 60_000): Promise<string> {
     const seen = [...this.stdout, ...this.stderr].find((line) => pattern.test(line));
     if (seen !== undefined) return Promise.resolve(seen);
     if (this.#exited) return Promise.reject(new Error(`CLI exited before printing ${pattern}`));
-    return new Promise((resolve, reject) => this.#waiters.push({ pattern, resolve, reject }));
+    return new Promise((resolve, reject) => {
+      const waiter = {
+        pattern,
+        resolve: (line: string) => {
+          clearTimeout(timer);
+          resolve(line);
+        },
+        reject: (error: Error) => {
+          clearTimeout(timer);
+          reject(error);
+        },
+      };
+      const timer = setTimeout(() => {
+        const index = this.#waiters.indexOf(waiter);
+        if (index >= 0) this.#waiters.splice(index, 1);
+        reject(
+          new Error(
+            `no line matching ${pattern} within ${timeoutMs} ms; output so far:\n${
+              [...this.stdout, ...this.stderr].slice(-20).join("\n")
+            }`,
+          ),
+        );
+      }, timeoutMs);
+      this.#waiters.push(waiter);
+    });
   }
 
   /** Sends a signal (ignored once the process exited). */

@@ -9,12 +9,12 @@ import { jetstreamManager, type StreamConfig } from "@nats-io/jetstream";
 import { natsUrl } from "./services.ts";
 import { uniqueName } from "./names.ts";
 
-/** Connects to the test NATS server (or `url`). */
+/** Connects to the test NATS server (or `url`: comma-separated for a cluster's nodes). */
 export async function connectNats(
   url?: string,
   options: Record<string, unknown> = {},
 ): Promise<NatsConnection> {
-  return await connect({ servers: url ?? await natsUrl(), ...options });
+  return await connect({ servers: (url ?? await natsUrl()).split(","), ...options });
 }
 
 /** A stream with a unique name capturing `<prefix>.>`; deleted by `dispose`. */

@@ -7,7 +7,7 @@
  */
 
 import { freePort, isListening, isPortFree, waitForPortFree } from "./ports.ts";
-import { isAlive, isRoot, run, signal, sleep, waitForExit } from "./process.ts";
+import { isAlive, run, serviceUser, signal, sleep, waitForExit } from "./process.ts";
 
 /** Options for {@linkcode PostgresServer.start}. */
 export interface PostgresServerOptions {
@@ -20,6 +20,11 @@ export interface PostgresServerOptions {
   fast?: boolean;
   /** Extra `-c name=value` settings. */
   settings?: Record<string, string>;
+  /**
+   * The directory holding initdb/pg_ctl/postgres, for example the npm-shipped binaries
+   * (`embeddedPostgresBinDir()`). @default {postgresBinDir()}
+   */
+  binDir?: string;
 }
 
 /** The directory holding initdb/pg_ctl, or `undefined`. */
@@ -75,7 +80,7 @@ export class PostgresServer implements AsyncDisposable {
     this.dir = dir;
     this.port = port;
     this.#options = options;
-    this.#user = isRoot() ? "postgres" : undefined;
+    this.#user = serviceUser();
     this.url = `postgres://postgres@127.0.0.1:${port}/postgres`;
   }
 
@@ -100,7 +105,7 @@ export class PostgresServer implements AsyncDisposable {
 
   /** Creates and starts a cluster; throws with the log tail when it does not come up. */
   static async start(options: PostgresServerOptions = {}): Promise<PostgresServer> {
-    const bin = postgresBinDir();
+    const bin = options.binDir ?? postgresBinDir();
     if (!bin) {
       throw new Error(
         "Postgres binaries not found (looked in /usr/lib/postgresql/*/bin); install the postgresql package or set OUTBOX_TEST_POSTGRES_URL",

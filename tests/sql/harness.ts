@@ -121,22 +121,37 @@ async function postgresHarnessFixture(handles: PostgresHandles): Promise<Conform
 }
 
 /** Postgres through postgres.js; the peer is a second pool. */
-export const postgresJsHarness: ConformanceHarness = {
-  name: "postgres (postgres.js)",
-  canCorrupt: true,
-  async open() {
-    const url = await postgresUrl();
-    const sql = postgres(url, { max: 4, onnotice: () => {} });
-    const other = postgres(url, { max: 4, onnotice: () => {} });
-    return await postgresHarnessFixture({
-      executor: postgresJsExecutor(sql),
-      peer: postgresJsExecutor(other),
-      end: async () => {
-        await Promise.all([sql.end(), other.end()]);
-      },
-    });
-  },
-};
+export const postgresJsHarness: ConformanceHarness = postgresJsHarnessAt(
+  "postgres (postgres.js)",
+  postgresUrl,
+);
+
+/**
+ * Postgres through postgres.js at `url()` with extra client options (a pooler in front, say);
+ * the peer is a second pool.
+ */
+export function postgresJsHarnessAt(
+  name: string,
+  url: () => Promise<string>,
+  options: postgres.Options<Record<string, postgres.PostgresType>> = {},
+): ConformanceHarness {
+  return {
+    name,
+    canCorrupt: true,
+    async open() {
+      const at = await url();
+      const sql = postgres(at, { max: 4, onnotice: () => {}, ...options });
+      const other = postgres(at, { max: 4, onnotice: () => {}, ...options });
+      return await postgresHarnessFixture({
+        executor: postgresJsExecutor(sql),
+        peer: postgresJsExecutor(other),
+        end: async () => {
+          await Promise.all([sql.end(), other.end()]);
+        },
+      });
+    },
+  };
+}
 
 /** Postgres through node-postgres (`pg.Pool`); the peer is a second pool. */
 export const pgHarness: ConformanceHarness = {

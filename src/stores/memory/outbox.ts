@@ -311,6 +311,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       message.attempts = 0;
       message.updatedAt = now.toISOString();
       delete message.nextAttemptAt;
+      delete message.claimToken; // a requeue ends every earlier claim (see OutboxClaim)
       this.#active.set(id, entry);
       this.#rejoinKey(entry);
       changed += 1;

@@ -578,6 +578,9 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         updatedAt: nowIso,
       };
       delete next.nextAttemptAt;
+      // A requeue ends every earlier claim: an older library version's claim (which copies the
+      // record and writes no token) must not inherit the token of the claim before the requeue.
+      delete next.claimToken;
       let revision: number;
       try {
         revision = await this.#kv.update(key, encodeJson(next), entry.revision);

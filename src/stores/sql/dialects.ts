@@ -191,11 +191,15 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     // (pending_idx, in seq order) and the earliest due retries and expired leases (retry_idx, in
     // due-time order), each locked as found; the claim takes the oldest of them by seq. Neither
     // scan reads rows that are not due, so a backlog of failed rows waiting for their retry
-    // time costs a claim nothing.
+    // time costs a claim nothing. A `claimed` or `failed` row without a due time (set to NULL
+    // by hand to retry now, or left by another writer) is due, as in version 2, in `stats()`
+    // and in the other stores: a third scan of retry_idx (`IS NULL`) finds those. Its `ORDER BY
+    // next_attempt_at DESC` orders nothing (all NULL) but makes the planner probe the index
+    // (backwards, NULLs first) instead of a sequential scan that column statistics can favour.
     // FOR NO KEY UPDATE: an enqueue holding its key's head FOR KEY SHARE never hides the head
     // from a claim.
     claim:
-      `UPDATE ${o} AS t SET state = 'claimed', attempts = t.attempts + 1, updated_at = $1::timestamptz, next_attempt_at = $2::timestamptz, claim_token = $4 WHERE t.id = ANY(ARRAY(WITH p AS (SELECT id, seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED), r AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= $1::timestamptz ORDER BY next_attempt_at LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED) SELECT c.id FROM (SELECT id, seq FROM p UNION ALL SELECT id, seq FROM r) AS c ORDER BY c.seq LIMIT $3::int)) RETURNING ${columns}, ${stale} AS stale_heads`,
+      `UPDATE ${o} AS t SET state = 'claimed', attempts = t.attempts + 1, updated_at = $1::timestamptz, next_attempt_at = $2::timestamptz, claim_token = $4 WHERE t.id = ANY(ARRAY(WITH p AS (SELECT id, seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED), r AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= $1::timestamptz ORDER BY next_attempt_at LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED), u AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL ORDER BY next_attempt_at DESC LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED) SELECT c.id FROM (SELECT id, seq FROM p UNION ALL SELECT id, seq FROM r UNION ALL SELECT id, seq FROM u) AS c ORDER BY c.seq LIMIT $3::int)) RETURNING ${columns}, ${stale} AS stale_heads`,
     staleHeads: `SELECT ${stale} AS stale`,
     deadCorrupt:
       `UPDATE ${o} SET state = 'dead', next_attempt_at = NULL, last_error = $3, updated_at = $4::timestamptz WHERE seq = $1::bigint AND state = 'claimed' AND claim_token = $2`,
@@ -224,6 +228,9 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     } AS next FROM ${o} AS h WHERE h.id IN (SELECT json_array_elements_text($1::text::json)) AND ${heldHeadsSql}), cleared AS (UPDATE ${o} AS h SET key_head = false FROM heads WHERE h.id = heads.id AND h.key_head AND (heads.next IS NOT NULL OR h.id IN (SELECT json_array_elements_text($2::text::json))) RETURNING heads.next), promoted AS (UPDATE ${o} AS w SET key_head = true WHERE w.id IN (SELECT next FROM cleared WHERE next IS NOT NULL) RETURNING 1) SELECT (SELECT count(*) FROM cleared) AS released, (SELECT count(*) FROM promoted) AS promoted`,
     retryKey:
       `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = $2::timestamptz WHERE ordering_key = $1 AND key_head AND state = 'dead' RETURNING id`,
+    // A requeue ends every earlier claim: it clears the token, so a claimer that writes none (an
+    // older library version during a rolling upgrade) cannot recreate "claimed, attempts 1" with
+    // the token of the claim before the requeue and have that claim's late mark apply.
     // A requeued message that had left its key (it was skipped) comes back as the key's next
     // message, or as its head when the key has none (locked like an enqueue's).
     // The targets are locked as read (FOR NO KEY UPDATE): a skip of a target that commits while
@@ -235,7 +242,7 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     requeue:
       `WITH target AS (SELECT seq, ordering_key, key_head FROM ${o} WHERE state = 'dead' AND id IN (SELECT json_array_elements_text($1::text::json)) FOR NO KEY UPDATE), lk AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(${
         keyLockArgs("d.ordering_key")
-      }) FROM (SELECT DISTINCT ordering_key FROM target WHERE NOT key_head AND ordering_key IS NOT NULL) AS d), heads AS (SELECT ordering_key FROM ${o} WHERE (SELECT count(*) FROM lk) >= 0 AND key_head AND seq NOT IN (SELECT seq FROM target) AND ordering_key IN (SELECT ordering_key FROM target WHERE NOT key_head) FOR KEY SHARE), firsts AS (SELECT min(seq) AS seq FROM target WHERE NOT key_head GROUP BY ordering_key) UPDATE ${o} AS t SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = $2::timestamptz, key_head = t.key_head OR (t.ordering_key NOT IN (SELECT ordering_key FROM heads) AND t.seq IN (SELECT seq FROM firsts)) WHERE t.seq IN (SELECT seq FROM target) AND t.state = 'dead' RETURNING t.id`,
+      }) FROM (SELECT DISTINCT ordering_key FROM target WHERE NOT key_head AND ordering_key IS NOT NULL) AS d), heads AS (SELECT ordering_key FROM ${o} WHERE (SELECT count(*) FROM lk) >= 0 AND key_head AND seq NOT IN (SELECT seq FROM target) AND ordering_key IN (SELECT ordering_key FROM target WHERE NOT key_head) FOR KEY SHARE), firsts AS (SELECT min(seq) AS seq FROM target WHERE NOT key_head GROUP BY ordering_key) UPDATE ${o} AS t SET state = 'pending', attempts = 0, next_attempt_at = NULL, claim_token = NULL, updated_at = $2::timestamptz, key_head = t.key_head OR (t.ordering_key NOT IN (SELECT ordering_key FROM heads) AND t.seq IN (SELECT seq FROM firsts)) WHERE t.seq IN (SELECT seq FROM target) AND t.state = 'dead' RETURNING t.id`,
     listDead:
       `SELECT ${columns} FROM ${o} AS t WHERE t.state = 'dead' ORDER BY t.seq LIMIT $1::int`,
     blockedKeys: `SELECT h.ordering_key AS key, h.id AS head_id, ${
@@ -298,10 +305,11 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
     get: `SELECT ${columns} FROM ${o} WHERE id = ?1`,
     getMany: `SELECT ${columns} FROM ${o} WHERE id IN (SELECT value FROM json_each(?1))`,
     // As on Postgres: the oldest pending rows (pending_idx) and the earliest due retries and
-    // expired leases (retry_idx), the oldest of them by seq; the partial indexes' WHERE terms
-    // are repeated literally.
+    // expired leases (retry_idx), plus claimed/failed rows without a due time (due, as in
+    // version 2), the oldest of them by seq; the partial indexes' WHERE terms are repeated
+    // literally.
     claim:
-      `UPDATE ${o} SET state = 'claimed', attempts = attempts + 1, updated_at = ?1, next_attempt_at = ?2, claim_token = ?4 WHERE seq IN (SELECT seq FROM (SELECT seq FROM (SELECT seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?3)) ORDER BY seq LIMIT ?3) RETURNING ${columns}, ${stale} AS stale_heads`,
+      `UPDATE ${o} SET state = 'claimed', attempts = attempts + 1, updated_at = ?1, next_attempt_at = ?2, claim_token = ?4 WHERE seq IN (SELECT seq FROM (SELECT seq FROM (SELECT seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL LIMIT ?3)) ORDER BY seq LIMIT ?3) RETURNING ${columns}, ${stale} AS stale_heads`,
     staleHeads: `SELECT ${stale} AS stale`,
     deadCorrupt:
       `UPDATE ${o} SET state = 'dead', next_attempt_at = NULL, last_error = ?3, updated_at = ?4 WHERE seq = ?1 AND state = 'claimed' AND claim_token = ?2`,
@@ -333,7 +341,7 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
     retryKey:
       `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = ?2 WHERE ordering_key = ?1 AND key_head AND state = 'dead' RETURNING id`,
     requeue:
-      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = ?2, key_head = key_head OR (NOT EXISTS (SELECT 1 FROM ${o} AS h WHERE h.ordering_key = ${o}.ordering_key AND h.key_head) AND seq = (SELECT min(s.seq) FROM ${o} AS s WHERE s.ordering_key = ${o}.ordering_key AND s.state = 'dead' AND NOT s.key_head AND s.id IN (SELECT value FROM json_each(?1)))) WHERE ${
+      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, claim_token = NULL, updated_at = ?2, key_head = key_head OR (NOT EXISTS (SELECT 1 FROM ${o} AS h WHERE h.ordering_key = ${o}.ordering_key AND h.key_head) AND seq = (SELECT min(s.seq) FROM ${o} AS s WHERE s.ordering_key = ${o}.ordering_key AND s.state = 'dead' AND NOT s.key_head AND s.id IN (SELECT value FROM json_each(?1)))) WHERE ${
         terminal("dead")
       } AND id IN (SELECT value FROM json_each(?1)) RETURNING id`,
     listDead: `SELECT ${columns} FROM ${o} WHERE ${terminal("dead")} ORDER BY seq LIMIT ?1`,

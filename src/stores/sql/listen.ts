@@ -10,6 +10,9 @@
 import { OutboxValidationError } from "../../core/errors.ts";
 import { resolveSqlOutboxTables, type SqlOutboxTables } from "./tables.ts";
 
+/** Payload prefix of the check notification (never passed to `onWake`). */
+const probePrefix = "outbox-nats:check:";
+
 /**
  * The part of a postgres.js `sql` handle the wake-up helper uses: `listen`, which runs on a
  * dedicated connection that postgres.js opens (and re-opens after a disconnect) by itself.
@@ -28,6 +31,8 @@ export interface PostgresJsListener {
     onnotify: (payload: string) => void,
     onlisten?: () => void,
   ): PromiseLike<{ unlisten(): PromiseLike<unknown> }>;
+  /** postgres.js `sql.notify(channel, payload)`: sends the check notification when present. */
+  notify?(channel: string, payload: string): PromiseLike<unknown>;
 }
 
 /**
@@ -66,7 +71,35 @@ export interface OutboxWakeupOptions {
    * @default {defaultSqlOutboxTables}
    */
   tables?: Partial<SqlOutboxTables>;
+  /**
+   * After the LISTEN, send one check notification on the channel (through `sql.notify`) and wait
+   * this long for it to come back. When it does not (PgBouncer in transaction pooling mode
+   * accepts LISTEN but never delivers notifications), stop listening, call `onWarning`, and
+   * return a subscription in `"polling"` mode. 0 skips the check.
+   *
+   * @default {2000}
+   */
+  verifyTimeoutMs?: number;
+  /**
+   * Told when notifications do not arrive and the subscription falls back to polling.
+   *
+   * @default {console.warn}
+   */
+  onWarning?: (message: string) => void;
 }
+
+/**
+ * How wake-ups arrive: `listen` (notifications arrive), or `polling` (they do not reach this
+ * connection, e.g. behind PgBouncer in transaction pooling mode: `onWake` is never called and the
+ * dispatcher finds work by its poll, `idleRetryMs`).
+ *
+ * @example
+ * ```ts
+ * import type { OutboxWakeupMode } from "@outbox/nats";
+ * const mode: OutboxWakeupMode = "polling";
+ * ```
+ */
+export type OutboxWakeupMode = "listen" | "polling";
 
 /**
  * A running LISTEN subscription.
@@ -83,6 +116,8 @@ export interface OutboxWakeupOptions {
 export interface OutboxWakeupSubscription {
   /** The channel listened on. */
   readonly channel: string;
+  /** Whether notifications arrive (`listen`) or the caller must rely on polling (`polling`). */
+  readonly mode: OutboxWakeupMode;
   /** Stops listening (UNLISTEN). */
   close(): Promise<void>;
 }
@@ -91,7 +126,8 @@ export interface OutboxWakeupSubscription {
  * LISTENs for outbox enqueues (repositories created with `notify`) on postgres.js's dedicated
  * listen connection and calls `onWake` for each notification, and once whenever the LISTEN is
  * (re)established. Keep polling as the fallback (notifications are lost while disconnected).
- * Behind PgBouncer in transaction mode LISTEN does not work: leave `notify` off and poll.
+ * It checks that notifications arrive (one round trip, see `verifyTimeoutMs`); behind PgBouncer
+ * in transaction pooling mode they never do, and it warns and returns `mode: "polling"`.
  *
  * @example
  * ```ts ignore
@@ -120,6 +156,10 @@ export async function listenForOutboxWakeups(
       "channel must be a non-empty string of at most 63 characters",
     );
   }
+  const verifyTimeoutMs = options.verifyTimeoutMs ?? 2_000;
+  if (!Number.isFinite(verifyTimeoutMs) || verifyTimeoutMs < 0) {
+    throw new OutboxValidationError("verifyTimeoutMs", "verifyTimeoutMs must be a number >= 0");
+  }
   const wake = (reason: OutboxWakeupReason, payload?: string) => {
     try {
       options.onWake(reason, payload);
@@ -127,14 +167,51 @@ export async function listenForOutboxWakeups(
       // a throwing callback must not break the listen connection
     }
   };
+  const probe = `${probePrefix}${crypto.randomUUID()}`;
+  let probed: () => void = () => {};
+  const arrived = new Promise<void>((resolve) => probed = resolve);
   const meta = await sql.listen(
     channel,
-    (payload) => wake("notify", payload),
+    (payload) => {
+      if (payload === probe) probed();
+      else if (!payload?.startsWith(probePrefix)) wake("notify", payload);
+    },
     () => wake("listen"),
   );
+  if (verifyTimeoutMs > 0 && typeof sql.notify === "function") {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timedOut = new Promise<boolean>((resolve) => {
+      timer = setTimeout(() => resolve(false), verifyTimeoutMs);
+    });
+    let ok: boolean;
+    try {
+      ok = await Promise.race([
+        Promise.resolve(sql.notify(channel, probe)).then(() => arrived).then(() => true),
+        timedOut,
+      ]);
+    } catch (error) {
+      await Promise.resolve(meta.unlisten()).catch(() => {});
+      throw error;
+    } finally {
+      clearTimeout(timer);
+    }
+    if (!ok) {
+      await Promise.resolve(meta.unlisten()).catch(() => {});
+      const warn = options.onWarning ?? ((message: string) => console.warn(message));
+      try {
+        warn(
+          `outbox: LISTEN on "${channel}" receives no notifications (a pooler in transaction mode, such as PgBouncer?); no wake-ups, the dispatcher relies on polling`,
+        );
+      } catch {
+        // a throwing warning hook must not fail the caller
+      }
+      return { channel, mode: "polling", close: () => Promise.resolve() };
+    }
+  }
   let closed = false;
   return {
     channel,
+    mode: "listen",
     async close() {
       if (closed) return;
       closed = true;

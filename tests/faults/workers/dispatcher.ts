@@ -45,7 +45,7 @@ const totals: DispatchTotals = {
 };
 
 const nc = await connect({
-  servers: config.natsUrl,
+  servers: config.natsUrl.split(","),
   name: config.name,
   reconnect: true,
   maxReconnectAttempts: -1,

@@ -19,7 +19,7 @@ import { emit, type InboxConsumerConfig } from "./protocol.ts";
 
 const config = JSON.parse(Deno.args[0]) as InboxConsumerConfig;
 const nc = await connect({
-  servers: config.natsUrl,
+  servers: config.natsUrl.split(","),
   reconnect: true,
   maxReconnectAttempts: -1,
   reconnectTimeWait: 100,

@@ -16,7 +16,7 @@ export interface DispatcherConfig {
   /** A label for logs. */
   name: string;
   store: StoreConfig;
-  /** The NATS server the runtime publishes to (and the KV bucket lives on). */
+  /** The NATS server(s) the runtime publishes to (and the KV bucket lives on); comma-separated for a cluster. */
   natsUrl: string;
   /** Dispatchers in this process, each with its own repository (and SQLite connection). */
   dispatchers: number;

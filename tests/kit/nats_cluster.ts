@@ -1,0 +1,212 @@
+/**
+ * A private 3-node NATS JetStream cluster from the local nats-server binary: each node is a
+ * {@linkcode NatsServer} with its own temp dir and JetStream store, client and route ports on
+ * loopback below the ephemeral range (so a killed node's ports are still free for its restart),
+ * routes to the other nodes. Fault scenarios find a stream's leader, kill -9 / SIGSTOP / restart
+ * one node, and wait for a new leader.
+ *
+ * @module
+ */
+
+import { jetstreamManager } from "@nats-io/jetstream";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { connectNats } from "./nats.ts";
+import { NatsServer } from "./nats_server.ts";
+import { freePort } from "./ports.ts";
+import { sleep } from "./process.ts";
+
+/** Options for {@linkcode NatsCluster.start}. */
+export interface NatsClusterOptions {
+  /** Number of nodes. @default {3} */
+  size?: number;
+  /** Extra configuration lines for every node. */
+  config?: string[];
+  /** How long to wait for the JetStream meta group to elect a leader. @default {30000} */
+  readyTimeoutMs?: number;
+}
+
+/**
+ * One node of a {@linkcode NatsCluster}. Each node carries the server tag `node:<name>`, so a
+ * stream can be placed on it: `placement: { tags: ["node:n1"] }`.
+ */
+export interface NatsClusterNode {
+  /** `server_name`, as stream info reports leaders and replicas (`n1`, `n2`, ...). */
+  name: string;
+  /** The node's server (kill, pause, resume, restart keep its ports and store). */
+  server: NatsServer;
+  /** Its cluster (route) port. */
+  routePort: number;
+}
+
+/** A running private cluster. */
+export class NatsCluster implements AsyncDisposable {
+  /** The nodes, in start order. */
+  readonly nodes: readonly NatsClusterNode[];
+  /** The cluster name. */
+  readonly name: string;
+
+  private constructor(name: string, nodes: NatsClusterNode[]) {
+    this.name = name;
+    this.nodes = nodes;
+  }
+
+  /** Client URLs of all nodes, comma-separated (a nats.js `servers` list after `split(",")`). */
+  get url(): string {
+    return this.urls.join(",");
+  }
+
+  /** Client URLs of all nodes. */
+  get urls(): string[] {
+    return this.nodes.map((node) => node.server.url);
+  }
+
+  /** Starts the nodes and waits until JetStream answers (the meta group has a leader). */
+  static async start(options: NatsClusterOptions = {}): Promise<NatsCluster> {
+    const size = options.size ?? 3;
+    const name = `outbox-${crypto.randomUUID().slice(0, 8)}`;
+    const ports = new Set<number>();
+    const pick = () => {
+      let port = freePort();
+      while (ports.has(port)) port = freePort();
+      ports.add(port);
+      return port;
+    };
+    const plan = Array.from({ length: size }, (_, i) => ({
+      name: `n${i + 1}`,
+      clientPort: pick(),
+      routePort: pick(),
+    }));
+    const nodes: NatsClusterNode[] = [];
+    try {
+      await Promise.all(plan.map((node) =>
+        NatsServer.start({
+          port: node.clientPort,
+          config: [
+            `server_name: ${node.name}`,
+            `server_tags: ["node:${node.name}"]`,
+            `cluster {`,
+            `  name: ${name}`,
+            `  listen: "127.0.0.1:${node.routePort}"`,
+            `  routes: [${
+              plan.filter((other) => other !== node)
+                .map((other) => `"nats-route://127.0.0.1:${other.routePort}"`).join(", ")
+            }]`,
+            `}`,
+            ...(options.config ?? []),
+          ],
+        }).then((server) => {
+          nodes.push({ name: node.name, server, routePort: node.routePort });
+        })
+      ));
+      nodes.sort((a, b) => a.name.localeCompare(b.name));
+      const cluster = new NatsCluster(name, nodes);
+      await cluster.waitForJetStream(options.readyTimeoutMs ?? 30_000);
+      return cluster;
+    } catch (error) {
+      await Promise.all(nodes.map((node) => node.server.stop()));
+      throw error;
+    }
+  }
+
+  /** The node called `name` (`n1`...). */
+  node(name: string): NatsClusterNode {
+    const node = this.nodes.find((n) => n.name === name);
+    if (!node) throw new Error(`no node ${name} in cluster ${this.name}`);
+    return node;
+  }
+
+  /** Waits until JetStream's account info answers through every running node. */
+  async waitForJetStream(timeoutMs = 30_000): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    let lastError: unknown;
+    for (const node of this.nodes) {
+      const nc = await connectNats(node.server.url);
+      try {
+        while (true) {
+          try {
+            await (await jetstreamManager(nc, { timeout: 2_000 })).getAccountInfo();
+            break;
+          } catch (error) {
+            lastError = error;
+            if (Date.now() > deadline) {
+              throw new Error(`JetStream cluster not ready in ${timeoutMs} ms: ${lastError}`);
+            }
+            await sleep(100);
+          }
+        }
+      } finally {
+        await nc.close();
+      }
+    }
+  }
+
+  /** The node leading `stream` now (as the stream's info reports), or `undefined` if none. */
+  async leaderOf(nc: NatsConnection, stream: string): Promise<NatsClusterNode | undefined> {
+    const jsm = await jetstreamManager(nc, { timeout: 2_000 });
+    const info = await jsm.streams.info(stream);
+    const leader = info.cluster?.leader;
+    return leader ? this.nodes.find((node) => node.name === leader) : undefined;
+  }
+
+  /**
+   * Waits until `stream` has a leader that is not `notOn` (a node name) and whose replicas are
+   * all current, then returns it and how long that took.
+   */
+  async waitForLeader(
+    nc: NatsConnection,
+    stream: string,
+    { notOn, timeoutMs = 30_000 }: { notOn?: string; timeoutMs?: number } = {},
+  ): Promise<{ node: NatsClusterNode; waitedMs: number }> {
+    const started = performance.now();
+    const deadline = Date.now() + timeoutMs;
+    let last: unknown = "no answer yet";
+    while (Date.now() < deadline) {
+      try {
+        const node = await this.leaderOf(nc, stream);
+        if (node && node.name !== notOn) {
+          return { node, waitedMs: Math.round(performance.now() - started) };
+        }
+        last = `leader ${node?.name ?? "none"}`;
+      } catch (error) {
+        last = error;
+      }
+      await sleep(100);
+    }
+    throw new Error(`stream ${stream}: no new leader in ${timeoutMs} ms (${last})`);
+  }
+
+  /** Kills `node` with SIGKILL (ports stay reserved below the ephemeral range). */
+  async kill(node: NatsClusterNode): Promise<void> {
+    await node.server.kill("SIGKILL");
+  }
+
+  /** Freezes `node` (SIGSTOP): its connections stay open, nothing answers. */
+  pause(node: NatsClusterNode): void {
+    node.server.pause();
+  }
+
+  /** Resumes a paused node (SIGCONT). */
+  resume(node: NatsClusterNode): void {
+    node.server.resume();
+  }
+
+  /** Starts a killed node again on the same ports and store. */
+  async restart(node: NatsClusterNode): Promise<void> {
+    await node.server.restart();
+  }
+
+  /** Stops every node and removes their temp dirs. */
+  async stop(): Promise<void> {
+    await Promise.all(this.nodes.map((node) => node.server.stop()));
+  }
+
+  /** Synchronous best-effort stop, for `unload` handlers. */
+  stopSync(): void {
+    for (const node of this.nodes) node.server.stopSync();
+  }
+
+  /** Stops the cluster. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.stop();
+  }
+}
