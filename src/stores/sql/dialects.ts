@@ -226,8 +226,9 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     release: `WITH heads AS (SELECT h.id, ${
       nextOf("h")
     } AS next FROM ${o} AS h WHERE h.id IN (SELECT json_array_elements_text($1::text::json)) AND ${heldHeadsSql}), cleared AS (UPDATE ${o} AS h SET key_head = false FROM heads WHERE h.id = heads.id AND h.key_head AND (heads.next IS NOT NULL OR h.id IN (SELECT json_array_elements_text($2::text::json))) RETURNING heads.next), promoted AS (UPDATE ${o} AS w SET key_head = true WHERE w.id IN (SELECT next FROM cleared WHERE next IS NOT NULL) RETURNING 1) SELECT (SELECT count(*) FROM cleared) AS released, (SELECT count(*) FROM promoted) AS promoted`,
+    // Like requeue: the token is cleared, so claims from before the retry stay ended.
     retryKey:
-      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = $2::timestamptz WHERE ordering_key = $1 AND key_head AND state = 'dead' RETURNING id`,
+      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, claim_token = NULL, updated_at = $2::timestamptz WHERE ordering_key = $1 AND key_head AND state = 'dead' RETURNING id`,
     // A requeue ends every earlier claim: it clears the token, so a claimer that writes none (an
     // older library version during a rolling upgrade) cannot recreate "claimed, attempts 1" with
     // the token of the claim before the requeue and have that claim's late mark apply.
@@ -339,7 +340,7 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
     release:
       `UPDATE ${o} SET key_head = NOT key_head WHERE id IN (${heldHeads} UNION ALL SELECT (SELECT w.id FROM ${o} AS w WHERE w.ordering_key = h.ordering_key AND w.state = 'pending' AND NOT w.key_head ORDER BY w.seq LIMIT 1) FROM ${o} AS h WHERE h.id IN (${heldHeads})) RETURNING key_head AS promoted`,
     retryKey:
-      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = ?2 WHERE ordering_key = ?1 AND key_head AND state = 'dead' RETURNING id`,
+      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, claim_token = NULL, updated_at = ?2 WHERE ordering_key = ?1 AND key_head AND state = 'dead' RETURNING id`,
     requeue:
       `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, claim_token = NULL, updated_at = ?2, key_head = key_head OR (NOT EXISTS (SELECT 1 FROM ${o} AS h WHERE h.ordering_key = ${o}.ordering_key AND h.key_head) AND seq = (SELECT min(s.seq) FROM ${o} AS s WHERE s.ordering_key = ${o}.ordering_key AND s.state = 'dead' AND NOT s.key_head AND s.id IN (SELECT value FROM json_each(?1)))) WHERE ${
         terminal("dead")
