@@ -33,6 +33,7 @@ async function lateRetryAfterRequeue(
   executor: SqlExecutor,
   dialect: "postgres" | "sqlite",
   tables: SqlOutboxTables,
+  via: "requeue" | "unblockKey" = "requeue",
 ): Promise<void> {
   const outbox = new SqlOutboxRepository(executor, dialect, tables);
   await outbox.enqueue({
@@ -42,6 +43,7 @@ async function lateRetryAfterRequeue(
     subject: "s.a",
     payload: "{}",
     headers: {},
+    ...(via === "unblockKey" ? { orderingKey: "k" } : {}),
   });
   const now = new Date();
   // A version 3 process claims and dead-letters the message (a permanent refusal); the reply
@@ -50,7 +52,8 @@ async function lateRetryAfterRequeue(
   assert.equal(claim.attempts, 1);
   assert.equal(await outbox.markDead(claim, { error: "refused", now }), true);
   // Meanwhile an operator requeues it, and a version 2 process claims it to publish it again.
-  assert.equal(await outbox.requeue(["m"], now), 1);
+  if (via === "requeue") assert.equal(await outbox.requeue(["m"], now), 1);
+  else assert.equal(await outbox.unblockKey("k", { action: "retry", now }), true);
   const later = new Date(now.getTime() + 1_000);
   const old = await executor.query(v2Claim(dialect, tables.outbox), [
     later.toISOString(),
@@ -91,6 +94,29 @@ Deno.test("sqlite: a requeue ends the claims before it, also for a version 2 cla
       inbox: "trellis_inbox",
     });
   } finally {
+    db.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("postgres and sqlite: unblockKey retry ends the claims before it, as requeue does", async () => {
+  const sql = postgres(await postgresUrl(), { max: 2, onnotice: () => {} });
+  const executor = postgresJsExecutor(sql);
+  const tables = uniqueTables();
+  const dir = await Deno.makeTempDir({ prefix: "outbox_rolling_" });
+  const db = openSqlite(`${dir}/outbox.db`);
+  try {
+    await migrate(executor, { dialect: "postgres", tables });
+    await lateRetryAfterRequeue(executor, "postgres", tables, "unblockKey");
+    const lite = nodeSqliteExecutor(db);
+    await migrate(lite, { dialect: "sqlite" });
+    await lateRetryAfterRequeue(lite, "sqlite", {
+      outbox: "trellis_outbox",
+      inbox: "trellis_inbox",
+    }, "unblockKey");
+  } finally {
+    await dropPostgresTables(executor, tables);
+    await sql.end();
     db.close();
     await Deno.remove(dir, { recursive: true });
   }

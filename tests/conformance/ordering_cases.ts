@@ -252,6 +252,63 @@ export const orderingCases: readonly ConformanceCase[] = [
   },
   {
     requires: "orderingKeys",
+    name: "skipped messages requeued together come back in enqueue order, whatever the ids' order",
+    async run({ outbox }) {
+      // Behind a head in flight.
+      const k = uniqueKey("k");
+      const [a, b, c, d] = [keyed(k), keyed(k), keyed(k), keyed(k)];
+      await outbox.enqueueMany([a, b, c, d]);
+      const t0 = new Date();
+      for (const [step, poison] of [a, b].entries()) {
+        const [claim] = await outbox.claimDue(10, at(t0, step * 10));
+        assert.equal(claim.id, poison.id);
+        assert.equal(
+          await outbox.markDead(claim, { error: "x", now: at(t0, step * 10 + 1) }),
+          true,
+        );
+        assert.equal(
+          await outbox.unblockKey(k, { action: "skip", now: at(t0, step * 10 + 2) }),
+          true,
+        );
+      }
+      const [claimC] = await outbox.claimDue(10, at(t0, 30));
+      assert.equal(claimC.id, c.id);
+      assert.equal(await outbox.requeue([a.id, b.id], at(t0, 31)), 2);
+      await dispatchAll(outbox, [claimC], at(t0, 32));
+      const order: string[] = [];
+      for (let step = 0; step < 3; step++) {
+        const claims = await outbox.claimDue(10, at(t0, 40 + step * 10));
+        assert.equal(claims.length, 1, "one message of the key at a time");
+        order.push(claims[0].id);
+        await dispatchAll(outbox, claims, at(t0, 41 + step * 10));
+      }
+      assert.deepEqual(order, [a.id, b.id, d.id]);
+
+      // Into a key without a head: the oldest becomes the head.
+      const j = uniqueKey("j");
+      const [e, f] = [keyed(j), keyed(j)];
+      for (const [step, poison] of [e, f].entries()) {
+        await outbox.enqueue(poison);
+        const [claim] = await outbox.claimDue(10, at(t0, 100 + step * 10));
+        assert.equal(claim.id, poison.id);
+        assert.equal(
+          await outbox.markDead(claim, { error: "x", now: at(t0, 101 + step * 10) }),
+          true,
+        );
+        assert.equal(
+          await outbox.unblockKey(j, { action: "skip", now: at(t0, 102 + step * 10) }),
+          true,
+        );
+      }
+      assert.equal(await outbox.requeue([f.id, e.id], at(t0, 130)), 2);
+      const [first] = await outbox.claimDue(10, at(t0, 131));
+      assert.equal(first?.id, e.id, "the older skipped message is the key's head");
+      await dispatchAll(outbox, [first], at(t0, 132));
+      assert.deepEqual(ids(await outbox.claimDue(10, at(t0, 133))), [f.id]);
+    },
+  },
+  {
+    requires: "orderingKeys",
     name: "a key drained to the end takes its next message at once; skipping the last head too",
     async run({ outbox }) {
       const k = uniqueKey("k");

@@ -298,9 +298,13 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
   /** Moves dead messages back to `pending` with `attempts` reset; returns how many changed. */
   requeue(ids: readonly string[], now: Date = new Date()): Promise<number> {
     let changed = 0;
-    for (const id of new Set(ids)) {
-      const entry = this.#dead.get(id);
-      if (!entry) continue;
+    // In enqueue order, whatever the ids' order: the oldest skipped message of a key without a
+    // head becomes its head (as on SQL).
+    const entries = [...new Set(ids)].map((id) => this.#dead.get(id))
+      .filter((entry): entry is Entry => entry !== undefined)
+      .sort((a, b) => a.seq - b.seq);
+    for (const entry of entries) {
+      const id = entry.message.id;
       this.#dead.delete(id);
       const message = entry.message;
       message.state = "pending";
@@ -382,15 +386,19 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /**
-   * A requeued entry that had left its key (it was skipped) comes back as the next message of
-   * the key, right after the current head; one that never left (a dead head) stays head.
+   * A requeued entry that had left its key (it was skipped) comes back among the key's waiting
+   * messages in enqueue order (after the current head, which keeps its place, as on SQL); one
+   * that never left (a dead head) stays head.
    */
   #rejoinKey(entry: Entry): void {
     const key = entry.message.orderingKey;
     if (key === undefined) return;
     const queue = this.#keys.get(key);
     if (!queue) this.#keys.set(key, [entry]);
-    else if (!queue.includes(entry)) queue.splice(1, 0, entry);
+    else if (!queue.includes(entry)) {
+      const at = queue.findIndex((other, index) => index > 0 && other.seq > entry.seq);
+      queue.splice(at < 0 ? queue.length : at, 0, entry);
+    }
   }
 
   /**

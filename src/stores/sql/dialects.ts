@@ -62,8 +62,17 @@ export interface OutboxStatements {
   /** $1 ordering key: the `id` of the key's dead head (Postgres: locked) */
   heldBlocked: string;
   /**
-   * $1 JSON array of ids of settled heads: each hands over to its next row; Postgres returns
-   * `released` and `promoted` counts, SQLite a row per changed row (`promoted` true or false)
+   * Postgres: $1 JSON array of ids of held heads: the `id` of those whose key lock this
+   * transaction took (no keyed enqueue of their key in flight); SQLite: unused
+   */
+  keyLocks: string;
+  /** Postgres: $1 ordering key: waits for the key lock (for a skip); SQLite: unused */
+  keyLock: string;
+  /**
+   * $1 JSON array of ids of settled heads: each hands over to its next row; Postgres: $2 JSON
+   * array of the ids that may leave their key without a head when it has no next row (their key
+   * lock is held), returns `released` and `promoted` counts; SQLite: a row per changed row
+   * (`promoted` true or false)
    */
   release: string;
   /** $1 ordering key, $2 now: requeues the key's dead head; returns its id */
@@ -130,6 +139,12 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
       : `WITH ${ctes} ${insert}`;
   const stale =
     `(SELECT EXISTS (SELECT 1 FROM ${o} WHERE ${heldHeadsSql} AND state = 'dispatched'))`;
+  // The per-key lock (a transaction-level advisory lock on the table and key): every keyed
+  // enqueue (and requeue) takes it shared before it reads its key's head and holds it until it
+  // commits; a hand-over that would leave a key without a head takes it exclusively first (and
+  // then looks for a next row in a later statement), so it never misses an enqueue in flight,
+  // whichever head that enqueue saw. A hand-over to a visible next row needs no lock.
+  const keyLockArgs = (key: string) => `hashtext('${o}'), hashtext(${key})`;
   // The next waiting row of the key of the row aliased `alias` (key_next_idx).
   const nextOf = (alias: string) =>
     `(SELECT id FROM ${o} WHERE ordering_key = ${alias}.ordering_key AND ${waitingSql} ORDER BY seq LIMIT 1)`;
@@ -139,10 +154,14 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   // and then sees its row. Two enqueues that both see no head both try to insert one: the
   // unique key_head_idx makes the second wait for the first, and if that commits, its insert
   // does nothing (ON CONFLICT) and the repository inserts again, now behind the new head.
-  const head =
-    `head AS (SELECT 1 FROM ${o} WHERE ordering_key = $8::text AND key_head FOR KEY SHARE)`;
+  // `(SELECT count(*) FROM lk) >= 0` makes the scan take the key lock before it locks a row.
+  const head = `lk AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(${
+    keyLockArgs("$8::text")
+  }) WHERE $8::text IS NOT NULL), head AS (SELECT 1 FROM ${o} WHERE (SELECT count(*) FROM lk) >= 0 AND ordering_key = $8::text AND key_head FOR KEY SHARE)`;
   const batch =
-    `input AS (SELECT r.v, r.ord, r.v->>'orderingKey' AS k FROM json_array_elements($1::text::json) WITH ORDINALITY AS r(v, ord)), heads AS (SELECT ordering_key FROM ${o} WHERE key_head AND ordering_key IN (SELECT k FROM input WHERE k IS NOT NULL) FOR KEY SHARE), firsts AS (SELECT min(ord) AS ord FROM input WHERE k IS NOT NULL GROUP BY k), batch_rows AS (SELECT i.v, i.ord, i.k, (i.k IS NULL OR (i.k NOT IN (SELECT ordering_key FROM heads) AND i.ord IN (SELECT ord FROM firsts))) AS head FROM input AS i)`;
+    `input AS (SELECT r.v, r.ord, r.v->>'orderingKey' AS k FROM json_array_elements($1::text::json) WITH ORDINALITY AS r(v, ord)), lk AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(${
+      keyLockArgs("d.k")
+    }) FROM (SELECT DISTINCT k FROM input WHERE k IS NOT NULL) AS d), heads AS (SELECT ordering_key FROM ${o} WHERE (SELECT count(*) FROM lk) >= 0 AND key_head AND ordering_key IN (SELECT k FROM input WHERE k IS NOT NULL) FOR KEY SHARE), firsts AS (SELECT min(ord) AS ord FROM input WHERE k IS NOT NULL GROUP BY k), batch_rows AS (SELECT i.v, i.ord, i.k, (i.k IS NULL OR (i.k NOT IN (SELECT ordering_key FROM heads) AND i.ord IN (SELECT ord FROM firsts))) AS head FROM input AS i)`;
   // Followers of a row that would become a new head are held back (a new head may lose to a
   // concurrent one and be inserted again later, after them); they go in the next round.
   const batchInsert =
@@ -188,29 +207,43 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     // claim without writing a token: older library versions during a rolling upgrade); without
     // one (claims built by hand), attempts and the lease expiry as in version 2. A dispatched head hands over to the next row of its
     // key in the same statement when one is visible; otherwise it stays head (`stale`) and the
-    // repository hands over in a transaction (`heldStale` then `release`), where an enqueue
-    // still in flight can no longer be missed.
+    // repository hands over in a transaction (`heldStale`, `keyLocks`, then `release`), where an
+    // enqueue still in flight can no longer be missed (see keyLockArgs).
     markMany: `WITH nexts AS (SELECT h.id, ${
       nextOf("h")
     } AS next FROM ${o} AS h WHERE h.id IN (SELECT m.id FROM ${marks} WHERE m.state = 'dispatched') AND h.key_head AND h.ordering_key IS NOT NULL), settled AS (UPDATE ${o} AS t SET state = m.state, updated_at = $2::timestamptz, next_attempt_at = m.next, last_error = CASE WHEN m.state = 'dispatched' THEN NULL ELSE m.error END, outcome = CASE WHEN m.outcome IS NULL THEN t.outcome ELSE m.outcome::jsonb END, key_head = CASE WHEN n.next IS NULL THEN t.key_head ELSE false END FROM ${marks} LEFT JOIN nexts AS n ON n.id = m.id WHERE t.id = m.id AND t.state || '' = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token AND t.attempts = m.attempts END) RETURNING t.id, t.seq, t.ordering_key IS NOT NULL AND t.key_head AND t.state = 'dispatched' AS stale, n.next), promoted AS (UPDATE ${o} AS w SET key_head = true WHERE w.id IN (SELECT next FROM settled WHERE next IS NOT NULL) RETURNING 1) SELECT id, seq, stale FROM settled`,
     markApplied:
       `SELECT t.id FROM ${o} AS t JOIN json_to_recordset($1::text::json) AS m(id text, attempts integer, token text, state text) ON t.id = m.id WHERE t.claim_token = m.token AND t.attempts = m.attempts AND t.state = m.state`,
     heldStale:
-      `SELECT id FROM ${o} WHERE ${heldHeadsSql} AND state = 'dispatched' AND ($1::text IS NULL OR id IN (SELECT json_array_elements_text($1::text::json))) ORDER BY seq LIMIT $2::int FOR UPDATE SKIP LOCKED`,
+      `SELECT id FROM ${o} WHERE ${heldHeadsSql} AND state = 'dispatched' AND ($1::text IS NULL OR id IN (SELECT json_array_elements_text($1::text::json))) ORDER BY seq LIMIT $2::int FOR NO KEY UPDATE SKIP LOCKED`,
     heldBlocked:
       `SELECT id FROM ${o} WHERE ordering_key = $1 AND key_head AND state = 'dead' FOR UPDATE`,
+    keyLocks:
+      `SELECT id FROM ${o} WHERE id IN (SELECT json_array_elements_text($1::text::json)) AND ordering_key IS NOT NULL AND pg_try_advisory_xact_lock(${
+        keyLockArgs("ordering_key")
+      }) FOR UPDATE SKIP LOCKED`,
+    keyLock: `SELECT 1 FROM (SELECT pg_advisory_xact_lock(${keyLockArgs("$1::text")})) AS l`,
     release: `WITH heads AS (SELECT h.id, ${
       nextOf("h")
-    } AS next FROM ${o} AS h WHERE h.id IN (SELECT json_array_elements_text($1::text::json)) AND ${heldHeadsSql}), cleared AS (UPDATE ${o} AS h SET key_head = false FROM heads WHERE h.id = heads.id AND h.key_head RETURNING heads.next), promoted AS (UPDATE ${o} AS w SET key_head = true WHERE w.id IN (SELECT next FROM cleared WHERE next IS NOT NULL) RETURNING 1) SELECT (SELECT count(*) FROM cleared) AS released, (SELECT count(*) FROM promoted) AS promoted`,
+    } AS next FROM ${o} AS h WHERE h.id IN (SELECT json_array_elements_text($1::text::json)) AND ${heldHeadsSql}), cleared AS (UPDATE ${o} AS h SET key_head = false FROM heads WHERE h.id = heads.id AND h.key_head AND (heads.next IS NOT NULL OR h.id IN (SELECT json_array_elements_text($2::text::json))) RETURNING heads.next), promoted AS (UPDATE ${o} AS w SET key_head = true WHERE w.id IN (SELECT next FROM cleared WHERE next IS NOT NULL) RETURNING 1) SELECT (SELECT count(*) FROM cleared) AS released, (SELECT count(*) FROM promoted) AS promoted`,
+    // Like requeue: the token is cleared, so claims from before the retry stay ended.
     retryKey:
-      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = $2::timestamptz WHERE ordering_key = $1 AND key_head AND state = 'dead' RETURNING id`,
+      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, claim_token = NULL, updated_at = $2::timestamptz WHERE ordering_key = $1 AND key_head AND state = 'dead' RETURNING id`,
     // A requeue ends every earlier claim: it clears the token, so a claimer that writes none (an
     // older library version during a rolling upgrade) cannot recreate "claimed, attempts 1" with
     // the token of the claim before the requeue and have that claim's late mark apply.
     // A requeued message that had left its key (it was skipped) comes back as the key's next
     // message, or as its head when the key has none (locked like an enqueue's).
+    // The targets are locked as read (FOR NO KEY UPDATE): a skip of a target that commits while
+    // this statement waits is then read as it left the row (no longer its key's head), so the
+    // requeue makes it the head again instead of leaving it pending behind no head at all; a
+    // target never counts as its key's head in `heads` (the statement's snapshot may predate the
+    // skip). A head the skip promoted meanwhile makes the update fail on the unique head index,
+    // and the repository runs it again.
     requeue:
-      `WITH target AS (SELECT seq, ordering_key, key_head FROM ${o} WHERE state = 'dead' AND id IN (SELECT json_array_elements_text($1::text::json))), heads AS (SELECT ordering_key FROM ${o} WHERE key_head AND ordering_key IN (SELECT ordering_key FROM target WHERE NOT key_head) FOR KEY SHARE), firsts AS (SELECT min(seq) AS seq FROM target WHERE NOT key_head GROUP BY ordering_key) UPDATE ${o} AS t SET state = 'pending', attempts = 0, next_attempt_at = NULL, claim_token = NULL, updated_at = $2::timestamptz, key_head = t.key_head OR (t.ordering_key NOT IN (SELECT ordering_key FROM heads) AND t.seq IN (SELECT seq FROM firsts)) WHERE t.seq IN (SELECT seq FROM target) AND t.state = 'dead' RETURNING t.id`,
+      `WITH target AS (SELECT seq, ordering_key, key_head FROM ${o} WHERE state = 'dead' AND id IN (SELECT json_array_elements_text($1::text::json)) FOR NO KEY UPDATE), lk AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(${
+        keyLockArgs("d.ordering_key")
+      }) FROM (SELECT DISTINCT ordering_key FROM target WHERE NOT key_head AND ordering_key IS NOT NULL) AS d), heads AS (SELECT ordering_key FROM ${o} WHERE (SELECT count(*) FROM lk) >= 0 AND key_head AND seq NOT IN (SELECT seq FROM target) AND ordering_key IN (SELECT ordering_key FROM target WHERE NOT key_head) FOR KEY SHARE), firsts AS (SELECT min(seq) AS seq FROM target WHERE NOT key_head GROUP BY ordering_key) UPDATE ${o} AS t SET state = 'pending', attempts = 0, next_attempt_at = NULL, claim_token = NULL, updated_at = $2::timestamptz, key_head = t.key_head OR (t.ordering_key NOT IN (SELECT ordering_key FROM heads) AND t.seq IN (SELECT seq FROM firsts)) WHERE t.seq IN (SELECT seq FROM target) AND t.state = 'dead' RETURNING t.id`,
     listDead:
       `SELECT ${columns} FROM ${o} AS t WHERE t.state = 'dead' ORDER BY t.seq LIMIT $1::int`,
     blockedKeys: `SELECT h.ordering_key AS key, h.id AS head_id, ${
@@ -299,12 +332,15 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
     heldStale:
       `SELECT id FROM ${o} WHERE ${heldHeadsSql} AND state = 'dispatched' AND (?1 IS NULL OR id IN (SELECT value FROM json_each(?1))) ORDER BY seq LIMIT ?2`,
     heldBlocked: `SELECT id FROM ${o} WHERE ordering_key = ?1 AND key_head AND state = 'dead'`,
+    // One writer: nothing to lock.
+    keyLocks: "",
+    keyLock: "",
     // One statement flips both rows of every hand-over: the heads lose key_head, their next
     // rows gain it (the set is computed before anything changes).
     release:
       `UPDATE ${o} SET key_head = NOT key_head WHERE id IN (${heldHeads} UNION ALL SELECT (SELECT w.id FROM ${o} AS w WHERE w.ordering_key = h.ordering_key AND w.state = 'pending' AND NOT w.key_head ORDER BY w.seq LIMIT 1) FROM ${o} AS h WHERE h.id IN (${heldHeads})) RETURNING key_head AS promoted`,
     retryKey:
-      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, updated_at = ?2 WHERE ordering_key = ?1 AND key_head AND state = 'dead' RETURNING id`,
+      `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, claim_token = NULL, updated_at = ?2 WHERE ordering_key = ?1 AND key_head AND state = 'dead' RETURNING id`,
     requeue:
       `UPDATE ${o} SET state = 'pending', attempts = 0, next_attempt_at = NULL, claim_token = NULL, updated_at = ?2, key_head = key_head OR (NOT EXISTS (SELECT 1 FROM ${o} AS h WHERE h.ordering_key = ${o}.ordering_key AND h.key_head) AND seq = (SELECT min(s.seq) FROM ${o} AS s WHERE s.ordering_key = ${o}.ordering_key AND s.state = 'dead' AND NOT s.key_head AND s.id IN (SELECT value FROM json_each(?1)))) WHERE ${
         terminal("dead")

@@ -511,18 +511,22 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       return (await this.executor.query(this.#sql.retryKey, [valid, nowIso])).length > 0;
     }
     return await this.#inTransaction(async (db) => {
+      // Postgres: the key lock first (as enqueues take it), then the head.
+      if (this.dialect === "postgres") await db.query(this.#sql.keyLock, [valid]);
       const held = await db.query(this.#sql.heldBlocked, [valid]);
       if (held.length === 0) return false;
-      return (await this.#release(db, held)).released > 0;
+      return (await this.#release(db, held, held)).released > 0;
     });
   }
 
   /**
    * Hands over dispatched heads (`ids`, or any, up to a batch) to the next message of their key,
    * or leaves the key without a head when it has none. Postgres: in a transaction that first
-   * locks the heads FOR UPDATE, skipping those an enqueue of their key holds FOR KEY SHARE;
-   * the hand-over's statement then starts after every other enqueue that saw the head has
-   * committed, so it sees their rows. Resolves with the number of messages that became heads.
+   * locks the heads (skipping those another hand-over holds), then tries their keys' locks
+   * (`keyLocks`: held shared by every keyed enqueue in flight); the hand-over's statement then
+   * hands each head to a visible next message, and leaves a key without a head only when its
+   * key lock was taken, so no enqueue still in flight is missed. Resolves with the number of
+   * messages that became heads.
    */
   #handOver(ids: readonly string[] | null): Promise<number> {
     return this.#inTransaction(async (db) => {
@@ -530,21 +534,34 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
         ids === null ? null : JSON.stringify(ids),
         ids?.length ?? handOverBatch,
       ]);
-      return held.length === 0 ? 0 : (await this.#release(db, held)).promoted;
+      if (held.length === 0) return 0;
+      // Postgres: a head may leave its key without a head only under the key lock, taken before
+      // the statement that looks for its next row.
+      const free = this.dialect === "postgres"
+        ? await db.query(this.#sql.keyLocks, [JSON.stringify(held.map((row) => row.id))])
+        : held;
+      return (await this.#release(db, held, free)).promoted;
     });
   }
 
+  /** Hands over `held` heads; those not in `free` only to a next row (Postgres). */
   async #release(
     db: SqlExecutor,
     held: SqlRow[],
+    free: SqlRow[],
   ): Promise<{ released: number; promoted: number }> {
-    const rows = await db.query(this.#sql.release, [JSON.stringify(held.map((row) => row.id))]);
+    const ids = JSON.stringify(held.map((row) => row.id));
     if (this.dialect === "postgres") {
+      const rows = await db.query(this.#sql.release, [
+        ids,
+        JSON.stringify(free.map((row) => row.id)),
+      ]);
       return {
         released: integer(rows[0]?.released) ?? 0,
         promoted: integer(rows[0]?.promoted) ?? 0,
       };
     }
+    const rows = await db.query(this.#sql.release, [ids]);
     const promoted = rows.filter((row) => truthy(row.promoted)).length;
     return { released: rows.length - promoted, promoted };
   }
