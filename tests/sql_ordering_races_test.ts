@@ -5,17 +5,14 @@
  */
 
 import assert from "node:assert/strict";
-import postgres from "postgres";
+import type postgres from "postgres";
 import {
-  migrate,
   type OutboxRecord,
   postgresJsExecutor,
   type SqlExecutor,
   SqlOutboxRepository,
-  type SqlOutboxTables,
 } from "../mod.ts";
-import { postgresUrl } from "./kit/mod.ts";
-import { dropPostgresTables, uniqueTables } from "./sql/harness.ts";
+import { type Db, open } from "./sql/ordering_db.ts";
 
 function keyed(key: string, id: string): OutboxRecord {
   return {
@@ -26,34 +23,6 @@ function keyed(key: string, id: string): OutboxRecord {
     payload: JSON.stringify({ id }),
     headers: {},
     orderingKey: key,
-  };
-}
-
-interface Db {
-  sql: postgres.Sql;
-  executor: SqlExecutor;
-  tables: SqlOutboxTables;
-  outbox: SqlOutboxRepository;
-  close(): Promise<void>;
-}
-
-async function open(): Promise<Db> {
-  const sql = postgres(await postgresUrl(), { max: 8, onnotice: () => {} });
-  const executor = postgresJsExecutor(sql);
-  const tables = uniqueTables();
-  await migrate(executor, { dialect: "postgres", tables });
-  return {
-    sql,
-    executor,
-    tables,
-    outbox: new SqlOutboxRepository(executor, "postgres", tables),
-    async close() {
-      try {
-        await dropPostgresTables(executor, tables);
-      } finally {
-        await sql.end();
-      }
-    },
   };
 }
 

@@ -7,21 +7,18 @@
  */
 
 import assert from "node:assert/strict";
-import postgres from "postgres";
 // @ts-types="@types/pg"
 import pg from "pg";
 import {
-  migrate,
   type OutboxMessage,
   type OutboxRecord,
   pgExecutor,
   postgresJsExecutor,
   type SqlExecutor,
   SqlOutboxRepository,
-  type SqlOutboxTables,
 } from "../mod.ts";
 import { postgresUrl } from "./kit/mod.ts";
-import { dropPostgresTables, uniqueTables } from "./sql/harness.ts";
+import { type Db, open } from "./sql/ordering_db.ts";
 
 let n = 0;
 function keyed(key: string, id?: string): OutboxRecord {
@@ -34,34 +31,6 @@ function keyed(key: string, id?: string): OutboxRecord {
     payload: JSON.stringify({ n }),
     headers: {},
     orderingKey: key,
-  };
-}
-
-interface Db {
-  sql: postgres.Sql;
-  executor: SqlExecutor;
-  tables: SqlOutboxTables;
-  outbox: SqlOutboxRepository;
-  close(): Promise<void>;
-}
-
-async function open(): Promise<Db> {
-  const sql = postgres(await postgresUrl(), { max: 8, onnotice: () => {} });
-  const executor = postgresJsExecutor(sql);
-  const tables = uniqueTables();
-  await migrate(executor, { dialect: "postgres", tables });
-  return {
-    sql,
-    executor,
-    tables,
-    outbox: new SqlOutboxRepository(executor, "postgres", tables),
-    async close() {
-      try {
-        await dropPostgresTables(executor, tables);
-      } finally {
-        await sql.end();
-      }
-    },
   };
 }
 
