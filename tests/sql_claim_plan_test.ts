@@ -12,25 +12,11 @@ import { migrate, nodeSqliteExecutor, postgresJsExecutor } from "../mod.ts";
 import { outboxStatements } from "../src/stores/sql/dialects.ts";
 import { resolveSqlOutboxTables } from "../src/stores/sql/tables.ts";
 import { postgresUrl } from "./kit/mod.ts";
+import { explainRolledBack, type PlanNode, planNodes } from "./sql/plan.ts";
 import { dropPostgresTables, openSqlite, uniqueTables } from "./sql/harness.ts";
 
 const history = 200_000;
 const live = 1_000;
-
-interface PlanNode {
-  "Node Type": string;
-  "Relation Name"?: string;
-  "Index Name"?: string;
-  "Shared Hit Blocks"?: number;
-  "Shared Read Blocks"?: number;
-  "Actual Rows"?: number;
-  "Rows Removed by Filter"?: number;
-  Plans?: PlanNode[];
-}
-
-function nodes(plan: PlanNode): PlanNode[] {
-  return [plan, ...(plan.Plans ?? []).flatMap(nodes)];
-}
 
 Deno.test("postgres: with 200k dispatched rows the claim reads only the claim index", async () => {
   const sql = postgres(await postgresUrl(), { max: 1, onnotice: () => {} });
@@ -56,25 +42,13 @@ Deno.test("postgres: with 200k dispatched rows the claim reads only the claim in
     const statements = outboxStatements("postgres", resolveSqlOutboxTables(tables), false);
     const now = new Date(Date.now() + 1_000).toISOString();
     const lease = new Date(Date.now() + 31_000).toISOString();
-    const explain = async (text: string, params: unknown[]): Promise<PlanNode> => {
-      let plan: PlanNode | undefined;
-      await sql.begin(async (tx) => {
-        const [row] = await tx.unsafe(
-          `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ${text}`,
-          params as never[],
-        );
-        plan = (row["QUERY PLAN"] as Array<{ Plan: PlanNode }>)[0].Plan;
-        throw new Rollback();
-      }).catch((error) => {
-        if (!(error instanceof Rollback)) throw error;
-      });
-      return plan!;
-    };
+    const explain = (text: string, params: unknown[]): Promise<PlanNode> =>
+      explainRolledBack(sql, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ${text}`, params);
     const buffers = (plan: PlanNode) =>
       (plan["Shared Hit Blocks"] ?? 0) + (plan["Shared Read Blocks"] ?? 0);
 
     const claim = await explain(statements.claim, [now, lease, 25, "token"]);
-    const all = nodes(claim);
+    const all = planNodes(claim);
     assert.ok(
       all.some((node) => node["Index Name"] === `${o}_pending_idx`),
       `the claim uses the partial pending index: ${JSON.stringify(all.map((n) => n["Node Type"]))}`,
@@ -114,7 +88,7 @@ Deno.test("postgres: with 200k dispatched rows the claim reads only the claim in
       outcome: null,
     })));
     const mark = await explain(statements.markMany, [marks, now]);
-    const markNodes = nodes(mark);
+    const markNodes = planNodes(mark);
 
     assert.ok(markNodes.some((node) => node["Index Name"] === `${o}_pkey`), "marks use the pkey");
     assert.ok(!markNodes.some((node) => node["Node Type"] === "Seq Scan"));
@@ -127,8 +101,6 @@ Deno.test("postgres: with 200k dispatched rows the claim reads only the claim in
     await sql.end();
   }
 });
-
-class Rollback extends Error {}
 
 Deno.test("postgres: a claim of 500 on a table of 20k pending rows probes rows by key, never scans the table", async () => {
   // The planner must not turn the claim into a hash join over a sequential scan of the table
@@ -149,19 +121,13 @@ Deno.test("postgres: a claim of 500 on a table of 20k pending rows probes rows b
     const now = new Date(Date.now() + 1_000).toISOString();
     const lease = new Date(Date.now() + 31_000).toISOString();
     for (const limit of [25, 500, 1000]) {
-      let plan: PlanNode | undefined;
-      await sql.begin(async (tx) => {
-        const [row] = await tx.unsafe(
-          `EXPLAIN (ANALYZE, FORMAT JSON) ${statements.claim}`,
-          [now, lease, limit, "token"] as never[],
-        );
-        plan = (row["QUERY PLAN"] as Array<{ Plan: PlanNode }>)[0].Plan;
-        throw new Rollback();
-      }).catch((error) => {
-        if (!(error instanceof Rollback)) throw error;
-      });
-      const all = nodes(plan!);
-      assert.equal(plan!["Actual Rows"], limit);
+      const plan = await explainRolledBack(
+        sql,
+        `EXPLAIN (ANALYZE, FORMAT JSON) ${statements.claim}`,
+        [now, lease, limit, "token"],
+      );
+      const all = planNodes(plan);
+      assert.equal(plan["Actual Rows"], limit);
       assert.ok(
         !all.some((node) => node["Node Type"] === "Seq Scan"),
         `claim ${limit}: ${JSON.stringify(all.map((node) => node["Node Type"]))}`,
@@ -261,19 +227,13 @@ Deno.test("postgres: with 100k failed rows waiting for their retry time the clai
     const statements = outboxStatements("postgres", resolveSqlOutboxTables(tables), false);
     const now = new Date(Date.now() + 1_000).toISOString();
     const lease = new Date(Date.now() + 31_000).toISOString();
-    let plan: PlanNode | undefined;
-    await sql.begin(async (tx) => {
-      const [row] = await tx.unsafe(
-        `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ${statements.claim}`,
-        [now, lease, 25, "token"] as never[],
-      );
-      plan = (row["QUERY PLAN"] as Array<{ Plan: PlanNode }>)[0].Plan;
-      throw new Rollback();
-    }).catch((error) => {
-      if (!(error instanceof Rollback)) throw error;
-    });
-    const all = nodes(plan!);
-    assert.equal(plan!["Actual Rows"], 25);
+    const plan = await explainRolledBack(
+      sql,
+      `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ${statements.claim}`,
+      [now, lease, 25, "token"],
+    );
+    const all = planNodes(plan);
+    assert.equal(plan["Actual Rows"], 25);
     assert.ok(!all.some((node) => node["Node Type"] === "Seq Scan"), "no sequential scan");
     assert.ok(
       all.some((node) => node["Index Name"] === `${o}_retry_idx`),

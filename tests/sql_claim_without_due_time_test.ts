@@ -24,6 +24,7 @@ import {
 import { outboxStatements } from "../src/stores/sql/dialects.ts";
 import { resolveSqlOutboxTables } from "../src/stores/sql/tables.ts";
 import { postgresUrl } from "./kit/mod.ts";
+import { explainRolledBack, planNodes } from "./sql/plan.ts";
 import { dropPostgresTables, openSqlite, uniqueTables } from "./sql/harness.ts";
 
 const record = (id: string) => ({
@@ -118,18 +119,6 @@ Deno.test("sqlite: claimed and failed rows without a due time are claimed", asyn
   }
 });
 
-interface PlanNode {
-  "Node Type": string;
-  "Index Name"?: string;
-  Plans?: PlanNode[];
-}
-
-function nodes(plan: PlanNode): PlanNode[] {
-  return [plan, ...(plan.Plans ?? []).flatMap(nodes)];
-}
-
-class Rollback extends Error {}
-
 Deno.test("postgres: finding rows without a due time is an index probe, never a table scan", async () => {
   const sql = postgres(await postgresUrl(), { max: 1, onnotice: () => {} });
   const tables = uniqueTables();
@@ -156,23 +145,17 @@ Deno.test("postgres: finding rows without a due time is an index probe, never a 
     }
     await sql.unsafe(`VACUUM ANALYZE ${o}`);
     const statements = outboxStatements("postgres", resolveSqlOutboxTables(tables), false);
-    let plan: PlanNode | undefined;
-    await sql.begin(async (tx) => {
-      const [row] = await tx.unsafe(
-        `EXPLAIN (FORMAT JSON) ${statements.claim}`,
-        [
-          new Date().toISOString(),
-          new Date(Date.now() + 30_000).toISOString(),
-          100,
-          "t",
-        ] as never[],
-      );
-      plan = (row["QUERY PLAN"] as Array<{ Plan: PlanNode }>)[0].Plan;
-      throw new Rollback();
-    }).catch((error) => {
-      if (!(error instanceof Rollback)) throw error;
-    });
-    const all = nodes(plan!);
+    const plan = await explainRolledBack(
+      sql,
+      `EXPLAIN (FORMAT JSON) ${statements.claim}`,
+      [
+        new Date().toISOString(),
+        new Date(Date.now() + 30_000).toISOString(),
+        100,
+        "t",
+      ],
+    );
+    const all = planNodes(plan);
     assert.ok(
       !all.some((node) => node["Node Type"] === "Seq Scan"),
       `no sequential scan: ${JSON.stringify(all.map((node) => node["Node Type"]))}`,

@@ -11,23 +11,8 @@ import { migrate, nodeSqliteExecutor, postgresJsExecutor } from "../mod.ts";
 import { outboxStatements } from "../src/stores/sql/dialects.ts";
 import { resolveSqlOutboxTables } from "../src/stores/sql/tables.ts";
 import { postgresUrl } from "./kit/mod.ts";
+import { explainRolledBack, type PlanNode, planNodes } from "./sql/plan.ts";
 import { dropPostgresTables, openSqlite, uniqueTables } from "./sql/harness.ts";
-
-interface PlanNode {
-  "Node Type": string;
-  "Index Name"?: string;
-  "Relation Name"?: string;
-  "Actual Rows"?: number;
-  "Shared Hit Blocks"?: number;
-  "Shared Read Blocks"?: number;
-  Plans?: PlanNode[];
-}
-
-function nodes(plan: PlanNode): PlanNode[] {
-  return [plan, ...(plan.Plans ?? []).flatMap(nodes)];
-}
-
-class Rollback extends Error {}
 
 const keys = 2_000;
 const waitingPerKey = 50;
@@ -55,19 +40,13 @@ Deno.test("postgres: with 2,000 keys x 50 waiting messages, a claim reads heads 
     const statements = outboxStatements("postgres", resolveSqlOutboxTables(tables), false);
     const now = new Date(Date.now() + 1_000).toISOString();
     const lease = new Date(Date.now() + 31_000).toISOString();
-    let plan: PlanNode | undefined;
-    await sql.begin(async (tx) => {
-      const [row] = await tx.unsafe(
-        `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ${statements.claim}`,
-        [now, lease, 100, "plan-token"] as never[],
-      );
-      plan = (row["QUERY PLAN"] as Array<{ Plan: PlanNode }>)[0].Plan;
-      throw new Rollback();
-    }).catch((error) => {
-      if (!(error instanceof Rollback)) throw error;
-    });
-    const all = nodes(plan!);
-    assert.equal(plan!["Actual Rows"], 100);
+    const plan = await explainRolledBack(
+      sql,
+      `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ${statements.claim}`,
+      [now, lease, 100, "plan-token"],
+    );
+    const all = planNodes(plan);
+    assert.equal(plan["Actual Rows"], 100);
     assert.ok(all.some((node) => node["Index Name"] === `${o}_pending_idx`), "pending index");
     assert.ok(all.some((node) => node["Index Name"] === `${o}_key_held_idx`), "held-heads index");
     assert.ok(!all.some((node) => node["Node Type"] === "Seq Scan"), "no sequential scan");
