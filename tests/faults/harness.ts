@@ -475,3 +475,12 @@ export function figures(scenario: string, values: Record<string, unknown>): void
 export function since(start: number): number {
   return Math.round(performance.now() - start);
 }
+
+/**
+ * Unstable in CI (a fresh cluster on a 2-core machine sometimes elects no leader within 30 s, or
+ * its JetStream API answers "temporarily unavailable" to the test's own admin calls): skipped
+ * when CI=true unless OUTBOX_FAULTS_FLAKY=1; run by `deno task test:faults` everywhere else.
+ */
+export const unstableInCi: { ignore: boolean } = {
+  ignore: Deno.env.get("CI") === "true" && Deno.env.get("OUTBOX_FAULTS_FLAKY") !== "1",
+};
