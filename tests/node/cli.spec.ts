@@ -78,7 +78,9 @@ test("node cli: migrate and status against Postgres", async () => {
     const text = await cli(["status", ...args]);
     assert.match(text.stdout, /^\s+pending\s+3$/m);
   } finally {
-    await sql.unsafe(`DROP TABLE IF EXISTS ${table}, ${table}_i, ${table}_migrations`);
+    await sql.unsafe(
+      `DROP TABLE IF EXISTS ${table}, ${table}_i, ${table}_migrations, ${table}_keys`,
+    );
     await sql.end();
   }
 });
