@@ -15,13 +15,18 @@ import {
   type JetStreamManagerLike,
   type JetStreamPublisher,
   MemoryOutboxRepository,
+  migrate,
+  nodeSqliteExecutor,
+  OutboxDispatcher,
   type OutboxMessage,
   outboxMessageToPreparedEvent,
   OutboxPublishError,
   type OutboxRecord,
   type OutboxRuntime,
   type PreparedEvent,
+  SqlOutboxRepository,
 } from "../mod.ts";
+import { DatabaseSync } from "node:sqlite";
 import { connectNats, createTestStream } from "./kit/mod.ts";
 import { streamIds } from "./helpers/dispatch.ts";
 
@@ -361,6 +366,85 @@ Deno.test("key fence: dispatched marks of keyed messages carry the PubAck sequen
       { name: "OutboxValidationError", field: "keyFence" },
     );
   } finally {
+    await nc.close();
+  }
+});
+
+Deno.test("key fence: OutboxDispatcher on SQLite, 20 keys x 10 messages with lost PubAcks and failed publishes: every key in order, fenced, nothing lost or duplicated", async () => {
+  const nc = await connectNats();
+  const dir = await Deno.makeTempDir({ prefix: "outbox_fence_" });
+  const db = new DatabaseSync(`${dir}/o.db`);
+  try {
+    db.exec("PRAGMA journal_mode = WAL");
+    const executor = nodeSqliteExecutor(db);
+    await migrate(executor, { dialect: "sqlite" });
+    const outbox = new SqlOutboxRepository(executor, "sqlite");
+    await using stream = await createTestStream(nc);
+    const expected = new Map<string, string[]>();
+    const records: OutboxRecord[] = [];
+    for (let i = 0; i < 10; i++) {
+      for (let k = 0; k < 20; k++) {
+        const id = `k${k}-m${i}`;
+        records.push({
+          id,
+          kind: "event.publish",
+          name: "t",
+          subject: `${stream.prefix}.k${k}`,
+          payload: "{}",
+          headers: {},
+          orderingKey: `k${k}`,
+        });
+        expected.set(`k${k}`, [...(expected.get(`k${k}`) ?? []), id]);
+      }
+    }
+    await outbox.enqueueMany(records);
+    const runtime = createJetStreamRuntime(jetstream(nc));
+    let fenced = 0;
+    let lost = 0;
+    let failed = 0;
+    let seed = 7;
+    const random = () => (seed = (seed * 48271) % 2147483647) / 2147483647;
+    const flaky: OutboxRuntime = {
+      async publishPreparedEvent(event, options) {
+        if (options?.expectedLastSubjectSequence !== undefined) fenced += 1;
+        if (random() < 0.05) {
+          failed += 1;
+          throw new OutboxPublishError("retryable", "injected", { code: "injected" });
+        }
+        const receipt = await runtime.publishPreparedEvent(event, options);
+        if (random() < 0.1) {
+          lost += 1;
+          throw new OutboxPublishError("retryable", "PubAck lost (injected)", { code: "lost" });
+        }
+        return receipt;
+      },
+    };
+    const dispatcher = new OutboxDispatcher(outbox, flaky, {
+      keyFence: "subject",
+      limit: 16,
+      retry: { baseMs: 1, capMs: 5, maxAttempts: 1_000 },
+      idleRetryMs: 5,
+      onError: () => {},
+    });
+    const deadline = Date.now() + 30_000;
+    while ((await outbox.stats()).dispatched < records.length) {
+      assert.ok(Date.now() < deadline, "everything is dispatched in time");
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    await dispatcher.stop();
+    assert.ok(lost > 0 && failed > 0, `lost ${lost}, failed ${failed}`);
+    // Every message but each key's first was published fenced (retries included).
+    assert.ok(fenced >= records.length - 20, `${fenced} fenced publishes`);
+    assert.equal((await outbox.stats()).dead, 0, `nats-server ${serverVersion(nc)}`);
+    const ids = await streamIds(nc, stream.name);
+    assert.equal(new Set(ids).size, ids.length, "no duplicates in the stream");
+    assert.equal(ids.length, records.length, "nothing lost");
+    for (const [key, keyIds] of expected) {
+      assert.deepEqual(ids.filter((id) => id.startsWith(`${key}-`)), keyIds, key);
+    }
+  } finally {
+    db.close();
+    await Deno.remove(dir, { recursive: true });
     await nc.close();
   }
 });
