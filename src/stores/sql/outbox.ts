@@ -378,18 +378,22 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
         payload.push(mark);
         indexById.set(mark.id, index);
       }
-      if (payload.some((mark) => mark.sequence !== null || mark.state === "dead")) {
-        // The key fence's sequences first (see keySequences in dialects.ts).
-        const json = JSON.stringify(payload);
-        for (const statement of this.#sql.keySequences) {
-          await this.executor.query(statement, [json]);
-        }
-      }
       if (payload.length > 0) {
-        const rows = await this.executor.query(this.#sql.markMany, [
-          JSON.stringify(payload),
-          nowIso,
-        ]);
+        // The key fence: key sequences are recorded with the marks (see keySequences in
+        // dialects.ts): in the same statement on Postgres, just before it on SQLite.
+        const recording = payload.some((mark) => mark.sequence !== null || mark.state === "dead");
+        const json = JSON.stringify(payload);
+        if (recording) {
+          for (const statement of this.#sql.keySequences) {
+            await this.executor.query(statement, [json]);
+          }
+        }
+        const rows = await this.executor.query(
+          recording && this.#sql.markManyRecordingKeys !== ""
+            ? this.#sql.markManyRecordingKeys
+            : this.#sql.markMany,
+          [json, nowIso],
+        );
         for (const row of rows) {
           const index = indexById.get(row.id as string);
           if (index !== undefined) results[index] = true;
