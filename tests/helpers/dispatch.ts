@@ -11,6 +11,7 @@ import {
   type JsonValue,
   MemoryOutboxRepository,
   type OutboxClaim,
+  type OutboxDispatchedOptions,
   type OutboxClaimOptions,
   type OutboxDeadLetter,
   type OutboxFailure,
@@ -124,8 +125,13 @@ export class InstrumentedOutbox implements OutboxRepository {
       this.claimsInFlight -= 1;
     }
   }
-  markDispatched(claim: OutboxClaim, now: Date, outcome?: JsonValue): Promise<boolean> {
-    return this.store.markDispatched(claim, now, outcome);
+  markDispatched(
+    claim: OutboxClaim,
+    now: Date,
+    outcome?: JsonValue,
+    options?: OutboxDispatchedOptions,
+  ): Promise<boolean> {
+    return this.store.markDispatched(claim, now, outcome, options);
   }
   markFailed(claim: OutboxClaim, failure: OutboxFailure): Promise<boolean> {
     return this.store.markFailed(claim, failure);
