@@ -43,6 +43,7 @@ export type {
   OutboxClaimOptions,
   OutboxDeadLetter,
   OutboxDeliveryOptions,
+  OutboxDispatchedOptions,
   OutboxEnqueueOptions,
   OutboxFailure,
   OutboxFailureScope,
@@ -147,6 +148,7 @@ export {
   type DispatchOutboxOptions,
   type DispatchOutboxResult,
   type FailedInfo,
+  type KeyFence,
   type OutboxDispatchHooks,
 } from "./src/dispatch/dispatch_outbox.ts";
 export {
@@ -165,7 +167,11 @@ export {
   type JetStreamRuntimeOptions,
 } from "./src/runtime/jetstream.ts";
 export { classifyJetStreamError } from "./src/runtime/jetstream_errors.ts";
-export type { JetStreamManagerLike, StreamInfoLike } from "./src/runtime/jetstream_scope.ts";
+export type {
+  JetStreamManagerLike,
+  StoredMessageLike,
+  StreamInfoLike,
+} from "./src/runtime/jetstream_scope.ts";
 export {
   defaultPubAckWindow,
   type PubAck,

@@ -22,6 +22,7 @@ export const fastFiles = [
   "tests/dispatch_outbox_test.ts",
   "tests/inbox_consume_test.ts",
   "tests/inbox_sql_test.ts",
+  "tests/key_fence_test.ts",
 ];
 
 /** Added without `--fast`. */

@@ -81,6 +81,19 @@ Deno.test("cli errors: usage errors exit 2 with one line", async () => {
     2,
     /relay: --nats <url> \(or OUTBOX_NATS_URL\) is required/,
   );
+  assertOneLineError(
+    await runCli([
+      "relay",
+      "--store",
+      "sqlite:x.db",
+      "--nats",
+      "nats://127.0.0.1:4222",
+      "--key-fence",
+      "on",
+    ]),
+    2,
+    /--key-fence must be "subject" or "off", got "on"/,
+  );
   const none = await runCli([]);
   assert.equal(none.code, 2);
   assert.match(none.stderr, /Usage: outbox-nats <command>/);

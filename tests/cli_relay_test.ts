@@ -5,7 +5,7 @@
  */
 
 import assert from "node:assert/strict";
-import { jetstreamManager } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { postgresJsExecutor, SqlOutboxRepository } from "../mod.ts";
 import {
   CliProcess,
@@ -463,6 +463,61 @@ Deno.test("cli relay: a second signal exits at once while a publish hangs (code 
     } finally {
       await relay.cleanup();
     }
+  } finally {
+    await nc.close();
+  }
+});
+
+Deno.test("cli relay sqlite: --key-fence subject publishes keyed messages fenced (a foreign message on the key's subject parks the key with key_fence)", async () => {
+  await using store = await sqliteStore();
+  const nc = await connectNats();
+  try {
+    await using stream = await createTestStream(nc);
+    const subject = `${stream.prefix}.order-7`;
+    const keyed = (id: string) => ({
+      id,
+      kind: "event.publish" as const,
+      name: "order.updated",
+      subject,
+      payload: "{}",
+      headers: {},
+      orderingKey: "order-7",
+    });
+    await store.outbox.enqueue(keyed("o7-1"));
+    const relay = new CliProcess([
+      "relay",
+      ...store.args,
+      "--nats",
+      await natsUrl(),
+      "--key-fence",
+      "subject",
+      "--poll",
+      "100ms",
+      "--status-interval",
+      "0",
+    ]);
+    try {
+      await relay.waitForLine(/^relay: started/);
+      await eventually(async () => {
+        if ((await store.outbox.get("o7-1"))?.state !== "dispatched") throw new Error("not yet");
+      });
+      // Someone else publishes to the key's subject; the key's next message must not follow it.
+      await jetstream(nc).publish(subject, "{}", {
+        msgID: "foreign",
+      });
+      await store.outbox.enqueue(keyed("o7-2"));
+      await eventually(async () => {
+        if ((await store.outbox.get("o7-2"))?.state !== "dead") throw new Error("not yet");
+      });
+      relay.kill("SIGTERM");
+      assert.equal((await relay.done).code, 0);
+    } finally {
+      await relay.cleanup();
+    }
+    assert.match((await store.outbox.get("o7-2"))?.lastError ?? "", /^key_fence: /);
+    const blocked = await runCli(["keys", "blocked", ...store.args]);
+    assert.match(blocked.stdout, /order-7/);
+    assert.deepEqual(await streamIds(nc, stream.name), ["o7-1", "foreign"]);
   } finally {
     await nc.close();
   }

@@ -49,11 +49,12 @@ Deno.test("version 1 artifacts are byte-identical to the reference's", () => {
 Deno.test("artifacts are frozen, versioned and checksummed", () => {
   for (const dialect of ["postgres", "sqlite"] as const) {
     const migrations = getSqlOutboxMigrations({ dialect });
-    assert.deepEqual(migrations.map((m) => m.version), [1, 2, 3]);
+    assert.deepEqual(migrations.map((m) => m.version), [1, 2, 3, 4]);
     assert.deepEqual(migrations.map((m) => m.id), [
       `trellis_sql_outbox_inbox_${dialect}_v1`,
       `trellis_sql_outbox_inbox_${dialect}_v2`,
       `trellis_sql_outbox_inbox_${dialect}_v3`,
+      `trellis_sql_outbox_inbox_${dialect}_v4`,
     ]);
     for (const migration of migrations) {
       assert.ok(Object.isFrozen(migration) && Object.isFrozen(migration.up));
@@ -182,10 +183,11 @@ for (const dialect of dialects) {
       const result = await migrate(executor, { dialect, tables });
       assert.deepEqual(result, {
         from: 1,
-        to: 3,
+        to: 4,
         applied: [
           `trellis_sql_outbox_inbox_${dialect}_v2`,
           `trellis_sql_outbox_inbox_${dialect}_v3`,
+          `trellis_sql_outbox_inbox_${dialect}_v4`,
         ],
         reverted: [],
         adopted: true,
@@ -252,8 +254,8 @@ for (const dialect of dialects) {
 
       // Idempotent.
       assert.deepEqual(await migrate(executor, { dialect, tables }), {
-        from: 3,
-        to: 3,
+        from: 4,
+        to: 4,
         applied: [],
         reverted: [],
         adopted: false,
@@ -263,7 +265,7 @@ for (const dialect of dialects) {
     }
   });
 
-  Deno.test(`${dialect}: migrate on an empty database applies v1, v2 and v3 and records them`, async () => {
+  Deno.test(`${dialect}: migrate on an empty database applies v1 to v4 and records them`, async () => {
     const db = await openDb(dialect);
     try {
       const result = await migrate(db.executor, { dialect, tables: db.tables });
@@ -271,6 +273,7 @@ for (const dialect of dialects) {
         `trellis_sql_outbox_inbox_${dialect}_v1`,
         `trellis_sql_outbox_inbox_${dialect}_v2`,
         `trellis_sql_outbox_inbox_${dialect}_v3`,
+        `trellis_sql_outbox_inbox_${dialect}_v4`,
       ]);
       assert.equal(result.adopted, false);
       const rows = await db.executor.query(
@@ -302,7 +305,7 @@ for (const dialect of dialects) {
       const columns = await columnNames(db, db.tables.outbox);
       assert.ok(columns.includes("seq"), "the refused downgrade changed nothing");
       await db.executor.query(
-        `UPDATE ${db.tables.outbox}_migrations SET version = 4 WHERE version = 2`,
+        `UPDATE ${db.tables.outbox}_migrations SET version = 5 WHERE version = 2`,
         [],
       );
       await assert.rejects(migrate(db.executor, { dialect, tables: db.tables }), {
@@ -331,7 +334,7 @@ for (const dialect of dialects) {
     }
   });
 
-  Deno.test(`${dialect}: the fresh schema DDL equals v1+v2+v3 migrated and is adopted as v3`, async () => {
+  Deno.test(`${dialect}: the fresh schema DDL equals v1 to v4 migrated and is adopted as v4`, async () => {
     const migrated = await openDb(dialect);
     const fresh = await openDb(dialect);
     try {
@@ -344,7 +347,7 @@ for (const dialect of dialects) {
       }
       assert.deepEqual(await catalog(fresh), await catalog(migrated));
       const result = await migrate(fresh.executor, { dialect, tables: fresh.tables });
-      assert.deepEqual(result, { from: 3, to: 3, applied: [], reverted: [], adopted: true });
+      assert.deepEqual(result, { from: 4, to: 4, applied: [], reverted: [], adopted: true });
     } finally {
       await migrated.close();
       await fresh.close();
@@ -378,6 +381,7 @@ for (const dialect of dialects) {
       await executor.query(`DELETE FROM ${tables.inbox} WHERE consumer = 'billing'`, []);
       const result = await migrate(executor, { dialect, tables, to: 1 });
       assert.deepEqual(result.reverted, [
+        `trellis_sql_outbox_inbox_${dialect}_v4`,
         `trellis_sql_outbox_inbox_${dialect}_v3`,
         `trellis_sql_outbox_inbox_${dialect}_v2`,
       ]);
@@ -407,6 +411,7 @@ for (const dialect of dialects) {
       assert.deepEqual((await migrate(executor, { dialect, tables })).applied, [
         `trellis_sql_outbox_inbox_${dialect}_v2`,
         `trellis_sql_outbox_inbox_${dialect}_v3`,
+        `trellis_sql_outbox_inbox_${dialect}_v4`,
       ]);
       assert.equal((await outbox.get("c"))?.state, "pending");
     } finally {
@@ -442,7 +447,10 @@ for (const dialect of dialects) {
         [lease],
       );
       const result = await migrate(executor, { dialect, tables });
-      assert.deepEqual(result.applied, [`trellis_sql_outbox_inbox_${dialect}_v3`]);
+      assert.deepEqual(result.applied, [
+        `trellis_sql_outbox_inbox_${dialect}_v3`,
+        `trellis_sql_outbox_inbox_${dialect}_v4`,
+      ]);
       const outbox = new SqlOutboxRepository(executor, dialect, tables);
       const held = await outbox.get("a");
       assert.equal(held?.state, "claimed");
@@ -457,6 +465,7 @@ for (const dialect of dialects) {
       assert.equal(typeof b.claimToken, "string");
       // Down to v2 keeps every row; the claim then settles with the v2 fence.
       assert.deepEqual((await migrate(executor, { dialect, tables, to: 2 })).reverted, [
+        `trellis_sql_outbox_inbox_${dialect}_v4`,
         `trellis_sql_outbox_inbox_${dialect}_v3`,
       ]);
       assert.ok(!(await columnNames(db, tables.outbox)).includes("claim_token"));
@@ -476,6 +485,48 @@ for (const dialect of dialects) {
       await db.close();
     }
   });
+
+  Deno.test(`${dialect}: a version 3 database is upgraded to v4 in place (the key fence's table) and back`, async () => {
+    const db = await openDb(dialect);
+    try {
+      const { executor, tables } = db;
+      // A version 3 database made by the version 3 DDL (no migration record): adopted at 3.
+      await migrate(executor, { dialect, tables, to: 3 });
+      await executor.query(`DROP TABLE ${tables.outbox}_migrations`, []);
+      const outbox = new SqlOutboxRepository(executor, dialect, tables);
+      const base = { kind: "event.publish" as const, name: "n", subject: "s.a", payload: "{}" };
+      await outbox.enqueue({ ...base, id: "k1", headers: {}, orderingKey: "k" });
+      await outbox.enqueue({ ...base, id: "k2", headers: {}, orderingKey: "k" });
+      await outbox.enqueue({ ...base, id: "k3", headers: {}, orderingKey: "k" });
+      const result = await migrate(executor, { dialect, tables });
+      assert.deepEqual(result, {
+        from: 3,
+        to: 4,
+        applied: [`trellis_sql_outbox_inbox_${dialect}_v4`],
+        reverted: [],
+        adopted: true,
+      });
+      const now = new Date();
+      const [k1] = await outbox.claimDue(5, now);
+      assert.equal(k1.id, "k1");
+      assert.equal(k1.keySequence, undefined);
+      assert.equal(await outbox.markDispatched(k1, now, undefined, { sequence: 7 }), true);
+      const [k2] = await outbox.claimDue(5, now);
+      assert.equal(k2.keySequence, 7);
+      // Down to v3 drops the key sequences and keeps every message; back up, the key is unfenced.
+      assert.deepEqual((await migrate(executor, { dialect, tables, to: 3 })).reverted, [
+        `trellis_sql_outbox_inbox_${dialect}_v4`,
+      ]);
+      assert.equal((await columnNames(db, `${tables.outbox}_keys`)).length, 0);
+      assert.equal((await outbox.get("k2"))?.state, "claimed");
+      await migrate(executor, { dialect, tables });
+      assert.equal(await outbox.markDispatched(k2, now, undefined, { sequence: 8 }), true);
+      const [k3] = await outbox.claimDue(5, now);
+      assert.equal(k3.keySequence, 8);
+    } finally {
+      await db.close();
+    }
+  });
 }
 
 Deno.test("postgres: concurrent migrate calls serialise on the advisory lock", async () => {
@@ -485,8 +536,8 @@ Deno.test("postgres: concurrent migrate calls serialise on the advisory lock", a
       migrate(db.executor, { dialect: "postgres", tables: db.tables }),
       migrate(db.other, { dialect: "postgres", tables: db.tables }),
     ]);
-    assert.deepEqual(results.map((r) => r.applied.length).sort(), [0, 3]);
-    assert.deepEqual(results.map((r) => r.to), [3, 3]);
+    assert.deepEqual(results.map((r) => r.applied.length).sort(), [0, 4]);
+    assert.deepEqual(results.map((r) => r.to), [4, 4]);
   } finally {
     await db.close();
   }
@@ -507,7 +558,13 @@ async function catalog(db: Db): Promise<unknown> {
   const normalise = (text: unknown) =>
     String(text).replaceAll(db.tables.outbox, "<outbox>").replaceAll(db.tables.inbox, "<inbox>");
   const out: Record<string, unknown> = {};
-  for (const [label, table] of [["outbox", db.tables.outbox], ["inbox", db.tables.inbox]]) {
+  for (
+    const [label, table] of [
+      ["outbox", db.tables.outbox],
+      ["inbox", db.tables.inbox],
+      ["keys", `${db.tables.outbox}_keys`],
+    ]
+  ) {
     if (db.dialect === "postgres") {
       out[`${label} columns`] = (await db.executor.query(
         "SELECT column_name, data_type, is_nullable, column_default, is_identity, identity_generation FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position",

@@ -133,6 +133,13 @@ export const relayCommand: Command = {
       default: "5s",
       description: "How long to wait for a PubAck",
     },
+    "key-fence": {
+      type: "string",
+      value: "<subject|off>",
+      default: "off",
+      description:
+        "Broker-side key fence: publish a keyed message only on top of its key's previous one (a subject per key)",
+    },
     "max-attempts": {
       type: "string",
       value: "<n>",
@@ -205,6 +212,10 @@ export const relayCommand: Command = {
     }
     if (leaseMs < 1_000) throw new CliUsageError("--lease must be at least 1s");
     if (publishTimeoutMs < 1) throw new CliUsageError("--publish-timeout must be at least 1ms");
+    const keyFence = stringValue(values, "key-fence") ?? "off";
+    if (keyFence !== "subject" && keyFence !== "off") {
+      throw new CliUsageError(`--key-fence must be "subject" or "off", got "${keyFence}"`);
+    }
     const healthHost = stringValue(values, "health-host") ?? "127.0.0.1";
     const degradedAfterMs = durationValue(values, "degraded-after", 300_000);
     const verbose = values.verbose === true;
@@ -236,6 +247,7 @@ export const relayCommand: Command = {
         leaseMs,
         pollMs,
         publishTimeoutMs,
+        keyFence,
         maxAttempts,
         statusMs,
         healthPort,
@@ -261,6 +273,7 @@ interface RelaySettings {
   leaseMs: number;
   pollMs: number;
   publishTimeoutMs: number;
+  keyFence: "subject" | "off";
   maxAttempts: number;
   statusMs: number;
   healthPort?: number;
@@ -299,6 +312,7 @@ async function runRelay(io: CliIo, s: RelaySettings): Promise<number> {
       limit: s.limit,
       maxInFlight: s.maxInFlight,
       leaseMs: s.leaseMs,
+      keyFence: s.keyFence,
       idleRetryMs: s.pollMs,
       retry: { maxAttempts: s.maxAttempts },
       onDispatched: (_message, info) => {

@@ -163,6 +163,28 @@ export interface DispatchOutboxOptions extends OutboxDispatchHooks {
   /** Backoff and attempt budget for retryable failures. @default {defaultRetryPolicy} */
   retry?: RetryPolicy;
   /**
+   * The broker-side key fence, for ordering keys whose messages all go to ONE subject that
+   * nothing else publishes to (a subject per key):
+   *
+   * - `"subject"`: a keyed message whose key's previous message was stored at stream sequence
+   *   `n` (its `keySequence`) is published with `expectedLastSubjectSequence: n` (JetStream:
+   *   `Nats-Expected-Last-Subject-Sequence`), so the broker refuses it unless the last message
+   *   on its subject is that previous one: a stale claim's late publish (a zombie whose lease
+   *   expired) cannot land after the key's later messages. A retry whose first attempt was
+   *   stored is recognised and counts as dispatched. A refusal because something else is last
+   *   on the subject is `permanent` (`key_fence`): the message goes `dead` and its key blocks
+   *   until an operator retries or skips it, which publishes the key's next message unfenced.
+   *   The first message of a key (no `keySequence` yet) is published unfenced.
+   * - `"off"`: no expectation is sent.
+   *
+   * Either way, dispatched marks of keyed messages carry the PubAck's stream sequence, so the
+   * store always knows each key's last sequence. Needs a runtime that honours
+   * `expectedLastSubjectSequence` (the JetStream runtime does) and, on SQL, schema version 4.
+   *
+   * @default {"off"}
+   */
+  keyFence?: KeyFence;
+  /**
    * The reference's fixed retry delay; now the backoff base (`retry.baseMs`) when that is not
    * given.
    *
@@ -174,6 +196,17 @@ export interface DispatchOutboxOptions extends OutboxDispatchHooks {
   /** Receives exceptions thrown by hooks. */
   onError?: (error: unknown) => void;
 }
+
+/**
+ * The broker-side key fence setting of {@linkcode DispatchOutboxOptions.keyFence}.
+ *
+ * @example
+ * ```ts
+ * import type { KeyFence } from "@outbox/nats";
+ * const fence: KeyFence = "subject";
+ * ```
+ */
+export type KeyFence = "subject" | "off";
 
 /**
  * The outcome of one batch.
@@ -287,6 +320,8 @@ export interface BatchSettings {
   policy: ResolvedRetryPolicy;
   leaseMs: number;
   maxInFlight: number;
+  /** The broker-side key fence is on (`keyFence: "subject"`). */
+  keyFence: boolean;
 }
 
 /** Checks and fills in the batch settings. Internal. */
@@ -295,6 +330,7 @@ export function resolveBatchSettings(options: {
   leaseMs?: number;
   retry?: RetryPolicy;
   retryDelayMs?: number;
+  keyFence?: KeyFence;
 }): BatchSettings {
   const retry = options.retry ?? {};
   const policy = resolveRetryPolicy(
@@ -310,7 +346,17 @@ export function resolveBatchSettings(options: {
     policy,
     leaseMs,
     maxInFlight: positiveInteger("maxInFlight", options.maxInFlight ?? defaultMaxInFlight),
+    keyFence: checkedKeyFence(options.keyFence),
   };
+}
+
+function checkedKeyFence(keyFence: unknown): boolean {
+  if (keyFence === undefined || keyFence === "off") return false;
+  if (keyFence === "subject") return true;
+  throw new OutboxValidationError(
+    "keyFence",
+    `keyFence must be "subject" or "off", got ${JSON.stringify(keyFence)}`,
+  );
 }
 
 /**
@@ -505,7 +551,17 @@ async function deliver(
         ? gaveUp(message, error)
         : retryLater(engine, error, decision.retryAt);
     }
-    start = (timeoutMs) => engine.runtime.publishPreparedEvent(event, { timeoutMs });
+    // The key fence: publish only on top of the key's previous message (see `keyFence`).
+    const expected = engine.keyFence && message.orderingKey !== undefined
+      ? message.keySequence
+      : undefined;
+    start = (timeoutMs) =>
+      engine.runtime.publishPreparedEvent(
+        event,
+        expected === undefined
+          ? { timeoutMs }
+          : { timeoutMs, expectedLastSubjectSequence: expected },
+      );
   } else if (message.kind === "job.create" || message.kind === "job.submit") {
     const handler = engine.runtime.dispatchJobSubmission?.bind(engine.runtime);
     if (!handler) {
@@ -726,10 +782,20 @@ function toMark(message: OutboxMessage, settlement: Settlement): OutboxMark {
   };
   if (message.claimToken !== undefined) claim.claimToken = message.claimToken;
   switch (settlement.state) {
-    case "dispatched":
-      return settlement.info.outcome === undefined
+    case "dispatched": {
+      const mark: OutboxMark = settlement.info.outcome === undefined
         ? { claim, state: "dispatched" }
         : { claim, state: "dispatched", outcome: settlement.info.outcome };
+      // The key fence's knowledge: where the key's message was stored (fence on or off).
+      const seq = settlement.info.receipt?.seq;
+      if (
+        message.orderingKey !== undefined && typeof seq === "number" && Number.isSafeInteger(seq) &&
+        seq >= 1
+      ) {
+        mark.sequence = seq;
+      }
+      return mark;
+    }
     case "failed":
       return {
         claim,

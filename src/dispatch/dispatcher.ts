@@ -16,6 +16,7 @@ import {
   defaultDispatchLimit,
   type DispatchOutboxResult,
   isScoped,
+  type KeyFence,
   type OutboxDispatchHooks,
   resolveBatchSettings,
   settleClaimed,
@@ -96,6 +97,14 @@ export interface OutboxDispatcherOptions extends OutboxDispatchHooks {
   leaseMs?: number;
   /** Backoff and attempt budget for retryable failures. @default {defaultRetryPolicy} */
   retry?: RetryPolicy;
+  /**
+   * The broker-side key fence (see {@linkcode DispatchOutboxOptions.keyFence}): `"subject"`
+   * publishes a keyed message only if the last message on its subject is its key's previous
+   * one. For keys whose messages all go to one subject that nothing else publishes to.
+   *
+   * @default {"off"}
+   */
+  keyFence?: KeyFence;
   /**
    * The reference's fixed retry delay; now the backoff base when `retry.baseMs` is not given.
    *

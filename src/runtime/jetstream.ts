@@ -25,6 +25,11 @@ import {
   pubAckPipelineFor,
 } from "./pub_ack_pipeline.ts";
 import { type JetStreamManagerLike, JetStreamScopes } from "./jetstream_scope.ts";
+import {
+  expectedLastSubjectSequenceHeader,
+  isFenceRefusal,
+  recogniseFenceRefusal,
+} from "./jetstream_fence.ts";
 
 /**
  * Default time to wait for a PubAck, in milliseconds.
@@ -250,6 +255,7 @@ export function createJetStreamRuntime(
           { code: "invalid_msg_id" },
         );
       }
+      const expected = checkedExpectation(delivery?.expectedLastSubjectSequence);
       let ack;
       try {
         // Inside the try: a header nats.js refuses (a row written behind the validator's back)
@@ -257,13 +263,22 @@ export function createJetStreamRuntime(
         const messageHeaders = natsHeaders();
         messageHeaders.set(outboxHeaders.messageId, id);
         for (const [name, value] of Object.entries(event.headers)) {
-          // The event id above is the Nats-Msg-Id (validation keeps a stored one equal to it).
-          if (name.toLowerCase() === messageIdLower) continue;
+          // The event id above is the Nats-Msg-Id (validation keeps a stored one equal to it);
+          // the fence's expectation is the dispatcher's, never a stored header's.
+          const lower = name.toLowerCase();
+          if (lower === messageIdLower || lower === expectationLower) continue;
           messageHeaders.set(name, value);
+        }
+        if (expected !== undefined) {
+          messageHeaders.set(expectedLastSubjectSequenceHeader, String(expected));
         }
         ack = await send(event.subject, event.encodedPayload, messageHeaders, timeout);
       } catch (error) {
-        throw await scopes.refine(event.subject, classifyJetStreamError(error));
+        if (expected === undefined || !isFenceRefusal(error)) {
+          throw await scopes.refine(event.subject, classifyJetStreamError(error));
+        }
+        // The key fence refused it: this message stored by an earlier attempt, or a conflict.
+        ack = await recogniseFenceRefusal(managed, event.subject, id, expected, error);
       }
       scopes.learn(event.subject, ack.stream);
       const receipt = { duplicate: ack.duplicate === true, stream: ack.stream, seq: ack.seq };
@@ -296,6 +311,22 @@ export function createJetStreamRuntime(
 }
 
 const messageIdLower = outboxHeaders.messageId.toLowerCase();
+const expectationLower = expectedLastSubjectSequenceHeader.toLowerCase();
+
+/** The key fence's expected sequence: `undefined`, or an integer >= 1 (else permanent). */
+function checkedExpectation(expected: unknown): number | undefined {
+  if (expected === undefined) return undefined;
+  if (typeof expected === "number" && Number.isSafeInteger(expected) && expected >= 1) {
+    return expected;
+  }
+  throw new OutboxPublishError(
+    "permanent",
+    `expectedLastSubjectSequence must be a stream sequence (an integer >= 1), got ${
+      String(expected)
+    }`,
+    { code: "invalid_argument" },
+  );
+}
 
 /** The longest delay `setTimeout` honours (2^31-1 ms, about 24.8 days). */
 const maxTimerDelayMs = 2_147_483_647;

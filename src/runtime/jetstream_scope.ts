@@ -36,6 +36,22 @@ export interface StreamInfoLike {
 }
 
 /**
+ * A stored message as the key fence reads it (a nats.js `StoredMsg` fits).
+ *
+ * @example
+ * ```ts
+ * import type { StoredMessageLike } from "@outbox/nats";
+ * const stored: StoredMessageLike = { seq: 7, header: new Headers({ "Nats-Msg-Id": "m-1" }) };
+ * ```
+ */
+export interface StoredMessageLike {
+  /** Its stream sequence. */
+  seq: number;
+  /** Its headers (`get(name)`), absent when it has none. */
+  header?: { get(name: string): string | null | undefined };
+}
+
+/**
  * The part of a nats.js `JetStreamManager` the runtime uses: account info (probe), and, when
  * present, `streams.find` (`$JS.API.STREAM.NAMES` with a subject filter) and `streams.info`.
  *
@@ -54,6 +70,14 @@ export interface JetStreamManagerLike {
     find(subject: string): Promise<string>;
     /** Stream info: configuration, state and cluster leader. */
     info(stream: string): Promise<StreamInfoLike>;
+    /**
+     * `$JS.API.STREAM.MSG.GET`: the last message on a subject (`null` when there is none). The
+     * key fence reads it to recognise a refused retry whose first attempt was stored.
+     */
+    getMessage?(
+      stream: string,
+      query: { last_by_subj: string },
+    ): Promise<StoredMessageLike | null>;
   };
 }
 

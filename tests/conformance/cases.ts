@@ -14,6 +14,7 @@ import type {
   OutboxRecord,
   OutboxRepository,
 } from "../../mod.ts";
+import { fenceCases } from "./fence_cases.ts";
 import { orderingCases } from "./ordering_cases.ts";
 
 /** An outbox store under test: repository plus administration. */
@@ -40,6 +41,12 @@ export interface ConformanceHarness {
   canCorrupt: boolean;
   /** `false` for a store that refuses ordering keys (its ordering cases are skipped). */
   orderingKeys?: boolean;
+  /**
+   * `false` for a store without the key fence's store half (`keySequence` on claims, the
+   * `sequence` of dispatched marks); its fence cases are skipped. Implied `false` without
+   * ordering keys.
+   */
+  keyFence?: boolean;
   open(): Promise<ConformanceFixture>;
 }
 
@@ -47,7 +54,7 @@ export interface ConformanceHarness {
 export interface ConformanceCase {
   name: string;
   /** A capability the case needs; harnesses without it skip (ignore) the case. */
-  requires?: "corrupt" | "orderingKeys";
+  requires?: "corrupt" | "orderingKeys" | "keyFence";
   run(fixture: ConformanceFixture): Promise<void>;
 }
 
@@ -798,4 +805,5 @@ export const conformanceCases: readonly ConformanceCase[] = [
     },
   },
   ...orderingCases,
+  ...fenceCases,
 ];

@@ -12,7 +12,9 @@ export function testConformance(harness: ConformanceHarness): void {
     Deno.test({
       name: `${harness.name} conformance: ${testCase.name}`,
       ignore: (testCase.requires === "corrupt" && !harness.canCorrupt) ||
-        (testCase.requires === "orderingKeys" && harness.orderingKeys === false),
+        (testCase.requires === "orderingKeys" && harness.orderingKeys === false) ||
+        (testCase.requires === "keyFence" &&
+          (harness.keyFence === false || harness.orderingKeys === false)),
       async fn() {
         const fixture = await harness.open();
         try {

@@ -13,6 +13,7 @@ import {
   type OutboxClaim,
   type OutboxClaimOptions,
   type OutboxDeadLetter,
+  type OutboxDispatchedOptions,
   type OutboxFailure,
   type OutboxMark,
   type OutboxMessage,
@@ -124,8 +125,13 @@ export class InstrumentedOutbox implements OutboxRepository {
       this.claimsInFlight -= 1;
     }
   }
-  markDispatched(claim: OutboxClaim, now: Date, outcome?: JsonValue): Promise<boolean> {
-    return this.store.markDispatched(claim, now, outcome);
+  markDispatched(
+    claim: OutboxClaim,
+    now: Date,
+    outcome?: JsonValue,
+    options?: OutboxDispatchedOptions,
+  ): Promise<boolean> {
+    return this.store.markDispatched(claim, now, outcome, options);
   }
   markFailed(claim: OutboxClaim, failure: OutboxFailure): Promise<boolean> {
     return this.store.markFailed(claim, failure);

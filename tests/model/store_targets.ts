@@ -257,7 +257,7 @@ function postgresTarget(
         async close() {
           try {
             await a.query(
-              `DROP TABLE IF EXISTS ${tables.outbox}, ${tables.inbox}, ${tables.outbox}_migrations`,
+              `DROP TABLE IF EXISTS ${tables.outbox}, ${tables.inbox}, ${tables.outbox}_migrations, ${tables.outbox}_keys`,
               [],
             );
           } finally {

@@ -57,7 +57,7 @@ test("node cli: migrate and status against Postgres", async () => {
   try {
     const migrated = await cli(["migrate", ...args]);
     assert.equal(migrated.code, 0, migrated.stderr);
-    assert.match(migrated.stdout, /from version 0 to 3/);
+    assert.match(migrated.stdout, /from version 0 to 4/);
     const outbox = new SqlOutboxRepository(postgresJsExecutor(sql), "postgres", {
       outbox: table,
       inbox: `${table}_i`,
@@ -78,7 +78,9 @@ test("node cli: migrate and status against Postgres", async () => {
     const text = await cli(["status", ...args]);
     assert.match(text.stdout, /^\s+pending\s+3$/m);
   } finally {
-    await sql.unsafe(`DROP TABLE IF EXISTS ${table}, ${table}_i, ${table}_migrations`);
+    await sql.unsafe(
+      `DROP TABLE IF EXISTS ${table}, ${table}_i, ${table}_migrations, ${table}_keys`,
+    );
     await sql.end();
   }
 });

@@ -12,7 +12,9 @@ export function testConformance(harness: ConformanceHarness, skip?: string): voi
   for (const testCase of conformanceCases) {
     test(`${harness.name} conformance: ${testCase.name}`, {
       skip: skip ?? ((testCase.requires === "corrupt" && !harness.canCorrupt) ||
-        (testCase.requires === "orderingKeys" && harness.orderingKeys === false)),
+        (testCase.requires === "orderingKeys" && harness.orderingKeys === false) ||
+        (testCase.requires === "keyFence" &&
+          (harness.keyFence === false || harness.orderingKeys === false))),
     }, async () => {
       const fixture = await harness.open();
       try {

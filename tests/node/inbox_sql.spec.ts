@@ -136,7 +136,7 @@ test("node: consumeWithInbox with a Postgres inbox (postgres.js) in the handler'
     await exactlyOnce(db);
   } finally {
     await sql.unsafe(
-      `DROP TABLE IF EXISTS ${db.applied}, ${db.tables.outbox}, ${db.tables.inbox}, ${db.tables.outbox}_migrations`,
+      `DROP TABLE IF EXISTS ${db.applied}, ${db.tables.outbox}, ${db.tables.inbox}, ${db.tables.outbox}_migrations, ${db.tables.outbox}_keys`,
     ).catch(() => {});
     await db.close();
   }

@@ -123,7 +123,7 @@ async function postgresFixture(
     async close() {
       try {
         await executor.query(
-          `DROP TABLE IF EXISTS ${tables.outbox}, ${tables.inbox}, ${tables.outbox}_migrations`,
+          `DROP TABLE IF EXISTS ${tables.outbox}, ${tables.inbox}, ${tables.outbox}_migrations, ${tables.outbox}_keys`,
           [],
         );
       } finally {

@@ -29,13 +29,13 @@ export function uniqueTables(): SqlOutboxTables {
   return { outbox: `${base}_o`, inbox: `${base}_i` };
 }
 
-/** Drops the tables of `tables` (and their migrations table). */
+/** Drops the tables of `tables` (and their migrations and key fence tables). */
 export async function dropPostgresTables(
   executor: SqlExecutor,
   tables: SqlOutboxTables,
 ): Promise<void> {
   await executor.query(
-    `DROP TABLE IF EXISTS ${tables.outbox}, ${tables.inbox}, ${tables.outbox}_migrations`,
+    `DROP TABLE IF EXISTS ${tables.outbox}, ${tables.inbox}, ${tables.outbox}_migrations, ${tables.outbox}_keys`,
     [],
   );
 }

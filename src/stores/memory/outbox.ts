@@ -16,6 +16,7 @@ import type {
   OutboxClaim,
   OutboxClaimOptions,
   OutboxDeadLetter,
+  OutboxDispatchedOptions,
   OutboxEnqueueOptions,
   OutboxFailure,
   OutboxListDeadOptions,
@@ -39,6 +40,7 @@ import {
   checkedDate,
   checkedLeaseMs,
   checkedLimit,
+  checkedSequence,
   checkedUnblockAction,
 } from "../../core/limits.ts";
 
@@ -96,6 +98,11 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
    * only one a claim may take; a dead head stays first and blocks the key.
    */
   #keys = new Map<string, Entry[]>();
+  /**
+   * Per ordering key: the stream sequence its last message was stored at (the key fence's
+   * `keySequence`), kept after the key's messages are settled or pruned.
+   */
+  #keySequences = new Map<string, number>();
   #seq = 0;
   readonly #maxPayloadBytes: number;
 
@@ -165,7 +172,12 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
         message.updatedAt = nowIso;
         message.nextAttemptAt = leaseUntil;
         message.claimToken = claimToken;
-        claimed.push(copy(message));
+        const out = copy(message);
+        const sequence = message.orderingKey === undefined
+          ? undefined
+          : this.#keySequences.get(message.orderingKey);
+        if (sequence !== undefined) out.keySequence = sequence;
+        claimed.push(out);
       }
       return Promise.resolve(claimed);
     } catch (error) {
@@ -174,8 +186,18 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /** Settles a claim as dispatched; `false` when the claim was superseded. */
-  markDispatched(claim: OutboxClaim, now: Date, outcome?: JsonValue): Promise<boolean> {
-    return Promise.resolve(this.#mark({ claim, state: "dispatched", outcome }, now));
+  markDispatched(
+    claim: OutboxClaim,
+    now: Date,
+    outcome?: JsonValue,
+    options: OutboxDispatchedOptions = {},
+  ): Promise<boolean> {
+    try {
+      const sequence = checkedSequence(options?.sequence);
+      return Promise.resolve(this.#mark({ claim, state: "dispatched", outcome, sequence }, now));
+    } catch (error) {
+      return Promise.reject(error);
+    }
   }
 
   /** Records a failed attempt; `false` when the claim was superseded. */
@@ -204,6 +226,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       checkedDate(now, "now");
       for (const mark of marks) {
         if (mark?.state === "failed") checkedDate(mark.nextAttemptAt, "nextAttemptAt");
+        if (mark?.state === "dispatched") checkedSequence(mark.sequence);
       }
       return Promise.resolve(marks.map((mark) => this.#mark(mark, now)));
     } catch (error) {
@@ -459,6 +482,9 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
         delete message.nextAttemptAt;
         delete message.lastError;
         if (mark.outcome !== undefined) message.outcome = cloneJson(mark.outcome);
+        if (mark.sequence !== undefined && message.orderingKey !== undefined) {
+          this.#keySequences.set(message.orderingKey, mark.sequence);
+        }
         this.#move(entry!, this.#dispatched);
         this.#leaveKey(entry!);
         break;
@@ -469,6 +495,8 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       case "dead":
         delete message.nextAttemptAt;
         message.lastError = mark.error;
+        // The key fence starts over: the key's next publish goes out without an expectation.
+        if (message.orderingKey !== undefined) this.#keySequences.delete(message.orderingKey);
         this.#move(entry!, this.#dead);
         break;
     }

@@ -14,6 +14,7 @@
 import { heldHeadsSql, waitingSql } from "./ordering_schema.ts";
 import { activeStatesSql, terminalStatesSql } from "./schema.ts";
 import { pendingSql, retrySql } from "./schema_v3.ts";
+import { keySequencesTable } from "./schema_v4.ts";
 import type { ResolvedSqlOutboxTables, SqlDialect } from "./tables.ts";
 
 /** Every statement a repository runs. Parameter order is documented per field. */
@@ -40,6 +41,17 @@ export interface OutboxStatements {
   claim: string;
   /** no parameters: `stale` is true when some dispatched head still has to hand over */
   staleHeads: string;
+  /**
+   * The key fence (schema version 4), for batches in which a mark carries a `sequence` or is
+   * `dead`: for the keyed messages whose claim still holds, a dispatched mark's sequence becomes
+   * its key's `stream_seq`, a dead mark deletes its key's row. Postgres: `markManyRecordingKeys`
+   * is `markMany` with that done in the same statement (same parameters and result); SQLite:
+   * `keySequences` run in order before `markMany` ($1 the same JSON array of marks). The claim
+   * returns each row's `key_sequence`.
+   */
+  keySequences: readonly string[];
+  /** Postgres: `markMany` that also records key sequences (see `keySequences`); SQLite: "". */
+  markManyRecordingKeys: string;
   /** $1 seq, $2 claim token written by the claim, $3 error, $4 now */
   deadCorrupt: string;
   /**
@@ -108,12 +120,31 @@ export function outboxStatements(
   const key = `${dialect}\u0000${tables.outbox}\u0000${tables.inbox}\u0000${notify}`;
   let statements = cache.get(key);
   if (!statements) {
-    statements = Object.freeze(
-      dialect === "postgres" ? postgres(tables, notify) : sqlite(tables),
-    );
+    const built = dialect === "postgres" ? postgres(tables, notify) : sqlite(tables);
+    if (dialect === "postgres") {
+      built.markManyRecordingKeys = postgresRecordingKeys(built.markMany, tables);
+    }
+    statements = Object.freeze(built);
     cache.set(key, statements);
   }
   return statements;
+}
+
+/**
+ * Postgres: `markMany` with the key fence's recording in the same statement (one commit, and
+ * atomic with the marks), as data-modifying CTEs in front of it. They read the marks' rows in
+ * the statement's snapshot (still `claimed`), fenced as `markMany` fences them, so only marks
+ * that apply record anything; at most one row per key (`DISTINCT ON`: an upsert may not touch a
+ * row twice).
+ */
+function postgresRecordingKeys(markMany: string, t: ResolvedSqlOutboxTables): string {
+  const o = t.outbox;
+  const keys = keySequencesTable(t);
+  const ctes =
+    `fence_marks AS (SELECT * FROM json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, token text, state text, sequence bigint)), fence_hits AS (SELECT DISTINCT ON (t.ordering_key) t.ordering_key, m.state, m.sequence FROM ${o} AS t JOIN fence_marks AS m ON t.id = m.id WHERE t.ordering_key IS NOT NULL AND t.state || '' = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token AND t.attempts = m.attempts END) AND (m.state = 'dead' OR (m.state = 'dispatched' AND m.sequence IS NOT NULL)) ORDER BY t.ordering_key, t.seq DESC), fence_seen AS (INSERT INTO ${keys} AS k (ordering_key, stream_seq) SELECT ordering_key, sequence FROM fence_hits WHERE state = 'dispatched' ON CONFLICT (ordering_key) DO UPDATE SET stream_seq = excluded.stream_seq RETURNING 1), fence_forgot AS (DELETE FROM ${keys} WHERE ordering_key IN (SELECT ordering_key FROM fence_hits WHERE state = 'dead') RETURNING 1)`;
+  return /^WITH\s/i.test(markMany)
+    ? `WITH ${ctes}, ${markMany.replace(/^WITH\s+/i, "")}`
+    : `WITH ${ctes} ${markMany}`;
 }
 
 const insertColumns =
@@ -175,6 +206,11 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     `WITH gone AS (DELETE FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} AND id IN (SELECT id FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} LIMIT $2::int) RETURNING 1) SELECT count(*) AS n FROM gone`;
   const marks =
     "json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, token text, state text, error text, next timestamptz, outcome text)";
+  // The key fence (schema_v4.ts): a claimed row's key sequence.
+  const keys = keySequencesTable(t);
+  const keySequence =
+    `(SELECT k.stream_seq FROM ${keys} AS k WHERE k.ordering_key = t.ordering_key)`;
+
   return {
     insertOne: withNotify(
       head,
@@ -199,8 +235,10 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     // FOR NO KEY UPDATE: an enqueue holding its key's head FOR KEY SHARE never hides the head
     // from a claim.
     claim:
-      `UPDATE ${o} AS t SET state = 'claimed', attempts = t.attempts + 1, updated_at = $1::timestamptz, next_attempt_at = $2::timestamptz, claim_token = $4 WHERE t.id = ANY(ARRAY(WITH p AS (SELECT id, seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED), r AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= $1::timestamptz ORDER BY next_attempt_at LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED), u AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL ORDER BY next_attempt_at DESC LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED) SELECT c.id FROM (SELECT id, seq FROM p UNION ALL SELECT id, seq FROM r UNION ALL SELECT id, seq FROM u) AS c ORDER BY c.seq LIMIT $3::int)) RETURNING ${columns}, ${stale} AS stale_heads`,
+      `UPDATE ${o} AS t SET state = 'claimed', attempts = t.attempts + 1, updated_at = $1::timestamptz, next_attempt_at = $2::timestamptz, claim_token = $4 WHERE t.id = ANY(ARRAY(WITH p AS (SELECT id, seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED), r AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= $1::timestamptz ORDER BY next_attempt_at LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED), u AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL ORDER BY next_attempt_at DESC LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED) SELECT c.id FROM (SELECT id, seq FROM p UNION ALL SELECT id, seq FROM r UNION ALL SELECT id, seq FROM u) AS c ORDER BY c.seq LIMIT $3::int)) RETURNING ${columns}, ${stale} AS stale_heads, ${keySequence} AS key_sequence`,
     staleHeads: `SELECT ${stale} AS stale`,
+    keySequences: [],
+    markManyRecordingKeys: "", // built from markMany by outboxStatements
     deadCorrupt:
       `UPDATE ${o} SET state = 'dead', next_attempt_at = NULL, last_error = $3, updated_at = $4::timestamptz WHERE seq = $1::bigint AND state = 'claimed' AND claim_token = $2`,
     // With a token, the token and attempts are the fence (attempts guards against writers that
@@ -288,6 +326,18 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
   // the head when the key has none, a hand-over gives the head to the next row or to nobody.
   const heldHeads =
     `SELECT id FROM ${o} WHERE id IN (SELECT value FROM json_each(?1)) AND ${heldHeadsSql}`;
+  // The key fence (schema_v4.ts); `o` is qualified in RETURNING's subquery, where a bare
+  // column would name the key table's.
+  const keys = keySequencesTable(t);
+  const keySequence =
+    `(SELECT k.stream_seq FROM ${keys} AS k WHERE k.ordering_key = ${o}.ordering_key)`;
+  const fencedMarks = `${o} AS t JOIN (SELECT ${field("id")} AS id, ${
+    field("attempts")
+  } AS attempts, ${field("lease")} AS lease, ${field("token")} AS token, ${
+    field("state")
+  } AS state, ${
+    field("sequence")
+  } AS sequence FROM json_each(?1)) AS m ON t.id = m.id WHERE t.ordering_key IS NOT NULL AND t.state = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token AND t.attempts = m.attempts END)`;
   return {
     insertOne:
       `INSERT INTO ${o} (${insertColumns}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', 0, ?7, ?7, ?8, ?8 IS NULL OR NOT EXISTS (SELECT 1 FROM ${o} WHERE ordering_key = ?8 AND key_head)) ON CONFLICT (id) DO NOTHING RETURNING ${columns}`,
@@ -310,8 +360,13 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
     // version 2), the oldest of them by seq; the partial indexes' WHERE terms are repeated
     // literally.
     claim:
-      `UPDATE ${o} SET state = 'claimed', attempts = attempts + 1, updated_at = ?1, next_attempt_at = ?2, claim_token = ?4 WHERE seq IN (SELECT seq FROM (SELECT seq FROM (SELECT seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL LIMIT ?3)) ORDER BY seq LIMIT ?3) RETURNING ${columns}, ${stale} AS stale_heads`,
+      `UPDATE ${o} SET state = 'claimed', attempts = attempts + 1, updated_at = ?1, next_attempt_at = ?2, claim_token = ?4 WHERE seq IN (SELECT seq FROM (SELECT seq FROM (SELECT seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL LIMIT ?3)) ORDER BY seq LIMIT ?3) RETURNING ${columns}, ${stale} AS stale_heads, ${keySequence} AS key_sequence`,
     staleHeads: `SELECT ${stale} AS stale`,
+    keySequences: [
+      `INSERT INTO ${keys} (ordering_key, stream_seq) SELECT t.ordering_key, m.sequence FROM ${fencedMarks} AND m.state = 'dispatched' AND m.sequence IS NOT NULL ORDER BY t.seq ON CONFLICT (ordering_key) DO UPDATE SET stream_seq = excluded.stream_seq`,
+      `DELETE FROM ${keys} WHERE ordering_key IN (SELECT t.ordering_key FROM ${fencedMarks} AND m.state = 'dead')`,
+    ],
+    markManyRecordingKeys: "",
     deadCorrupt:
       `UPDATE ${o} SET state = 'dead', next_attempt_at = NULL, last_error = ?3, updated_at = ?4 WHERE seq = ?1 AND state = 'claimed' AND claim_token = ?2`,
     markMany:

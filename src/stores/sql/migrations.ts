@@ -8,7 +8,8 @@
  * claims cost the same however much history is kept), a partial index for retention, and the
  * inbox consumer scope (primary key `(consumer, message_id)`). The `dead` state needs no DDL
  * (there is no state constraint); version 2's indexes leave dead rows out of claims. Version 3
- * (`schema_v3.ts`) adds the claim token and the indexes of the flat-cost claim, in place.
+ * (`schema_v3.ts`) adds the claim token, ordering keys and the indexes of the flat-cost claim, in
+ * place. Version 4 (`schema_v4.ts`) adds the key fence's table (`<outbox>_keys`).
  *
  * @module
  */
@@ -26,11 +27,13 @@ import {
   schemaV1,
   schemaV1Down,
   schemaV2Fresh,
+  schemaV3Fresh,
   sqliteInboxTable,
   sqliteOutboxTable,
 } from "./schema.ts";
 import { createPostgresOutboxSchema, createSqliteOutboxSchema } from "./schema.ts";
 import { schemaV3Down, schemaV3Up } from "./schema_v3.ts";
+import { keySequencesTable, schemaV4Down, schemaV4Up } from "./schema_v4.ts";
 import {
   checkDialect,
   type ResolvedSqlOutboxTables,
@@ -110,6 +113,7 @@ export function getSqlOutboxMigrations(
       dialect === "postgres" ? postgresV2Down(t) : sqliteV2Down(t),
     ),
     artifact(dialect, 3, schemaV3Up(dialect, t), schemaV3Down(dialect, t)),
+    artifact(dialect, 4, schemaV4Up(dialect, t), schemaV4Down(dialect, t)),
   ]);
 }
 
@@ -318,7 +322,7 @@ export interface MigrateResult {
  * import { DatabaseSync } from "node:sqlite";
  * import { migrate, nodeSqliteExecutor } from "@outbox/nats";
  * const result = await migrate(nodeSqliteExecutor(new DatabaseSync(":memory:")), { dialect: "sqlite" });
- * console.log(result.from, "->", result.to); // 0 -> 3
+ * console.log(result.from, "->", result.to); // 0 -> 4
  * ```
  */
 export async function migrate(
@@ -411,6 +415,8 @@ async function migrateLocked(
         ? schemaV1(dialect, t)
         : shape === 2
         ? schemaV2Fresh(dialect, t)
+        : shape === 3
+        ? schemaV3Fresh(dialect, t)
         : dialect === "postgres"
         ? createPostgresOutboxSchema(t)
         : createSqliteOutboxSchema(t);
@@ -463,7 +469,9 @@ async function detectShape(
     (actual.length === expected.length && expected.every((column) => actual.includes(column)));
   if (same(outbox, outboxColumnsV1) && same(inbox, inboxColumnsV1)) return 1;
   if (same(outbox, outboxColumnsV2) && same(inbox, inboxColumnsV2)) return 2;
-  if (same(outbox, outboxColumnsV3) && same(inbox, inboxColumnsV3)) return 3;
+  if (same(outbox, outboxColumnsV3) && same(inbox, inboxColumnsV3)) {
+    return (await columnsOf(keySequencesTable(t))).length > 0 ? 4 : 3;
+  }
   throw new OutboxMigrationError(
     "unrecognised",
     `Tables ${t.outbox} (${outbox.join(", ") || "missing"}) and ${t.inbox} (${

@@ -16,6 +16,7 @@ import {
   checkedDate,
   checkedLeaseMs,
   checkedLimit,
+  checkedSequence,
   checkedUnblockAction,
 } from "../../core/limits.ts";
 import { newClaimToken } from "../../core/fence.ts";
@@ -28,6 +29,7 @@ import type {
   OutboxClaim,
   OutboxClaimOptions,
   OutboxDeadLetter,
+  OutboxDispatchedOptions,
   OutboxEnqueueOptions,
   OutboxFailure,
   OutboxListDeadOptions,
@@ -295,7 +297,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     const claimed: OutboxMessage[] = [];
     for (const row of rows) {
       try {
-        claimed.push(decodeOutboxRow(row));
+        claimed.push(withKeySequence(decodeOutboxRow(row), row));
       } catch (error) {
         const reason = error instanceof OutboxCorruptRecordError
           ? error
@@ -312,8 +314,14 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /** Settles a claim as dispatched (fenced); `false` when the claim was superseded. */
-  async markDispatched(claim: OutboxClaim, now: Date, outcome?: JsonValue): Promise<boolean> {
-    const [changed] = await this.markMany([{ claim, state: "dispatched", outcome }], now);
+  async markDispatched(
+    claim: OutboxClaim,
+    now: Date,
+    outcome?: JsonValue,
+    options: OutboxDispatchedOptions = {},
+  ): Promise<boolean> {
+    const sequence = checkedSequence(options?.sequence);
+    const [changed] = await this.markMany([{ claim, state: "dispatched", outcome, sequence }], now);
     return changed;
   }
 
@@ -371,10 +379,21 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
         indexById.set(mark.id, index);
       }
       if (payload.length > 0) {
-        const rows = await this.executor.query(this.#sql.markMany, [
-          JSON.stringify(payload),
-          nowIso,
-        ]);
+        // The key fence: key sequences are recorded with the marks (see keySequences in
+        // dialects.ts): in the same statement on Postgres, just before it on SQLite.
+        const recording = payload.some((mark) => mark.sequence !== null || mark.state === "dead");
+        const json = JSON.stringify(payload);
+        if (recording) {
+          for (const statement of this.#sql.keySequences) {
+            await this.executor.query(statement, [json]);
+          }
+        }
+        const rows = await this.executor.query(
+          recording && this.#sql.markManyRecordingKeys !== ""
+            ? this.#sql.markManyRecordingKeys
+            : this.#sql.markMany,
+          [json, nowIso],
+        );
         for (const row of rows) {
           const index = indexById.get(row.id as string);
           if (index !== undefined) results[index] = true;
@@ -603,6 +622,17 @@ interface EncodedMark {
   error: string | null;
   next: string | null;
   outcome: string | null;
+  /** The key fence: the PubAck's stream sequence of a dispatched mark. */
+  sequence: number | null;
+}
+
+/** The key fence: a claimed keyed message carries its key's last stream sequence, if known. */
+function withKeySequence(message: OutboxMessage, row: SqlRow): OutboxMessage {
+  const sequence = integer(row.key_sequence);
+  if (message.orderingKey !== undefined && sequence !== undefined && sequence >= 1) {
+    message.keySequence = sequence;
+  }
+  return message;
 }
 
 /** A mark as JSON for the batch statement; `undefined` when it can never match a row. */
@@ -618,7 +648,13 @@ function encodeMark(mark: OutboxMark): EncodedMark | undefined {
     if (normalised === undefined) return undefined;
     lease = normalised;
   }
-  const base = { id: claim.id, attempts: claim.attempts, lease, token: token ?? null };
+  const base = {
+    id: claim.id,
+    attempts: claim.attempts,
+    lease,
+    token: token ?? null,
+    sequence: null,
+  };
   switch (mark.state) {
     case "dispatched":
       return {
@@ -627,6 +663,7 @@ function encodeMark(mark: OutboxMark): EncodedMark | undefined {
         error: null,
         next: null,
         outcome: mark.outcome === undefined ? null : JSON.stringify(mark.outcome),
+        sequence: checkedSequence(mark.sequence) ?? null,
       };
     case "failed":
       return {

@@ -6,6 +6,7 @@
  */
 
 import { indexesV3, outboxColumnsAddedInV3, withV3Columns } from "./schema_v3.ts";
+import { keySequencesTableSql } from "./schema_v4.ts";
 import {
   type ResolvedSqlOutboxTables,
   resolveSqlOutboxTables,
@@ -123,7 +124,8 @@ function v2Tables(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
     : [sqliteOutboxTable(t.outbox, true), sqliteInboxTable(t.inbox, true)];
 }
 
-function currentSchema(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
+/** The version 3 schema as idempotent statements (to complete an adopted version 3 database). */
+export function schemaV3Fresh(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
   const [outbox, inbox] = v2Tables(dialect, t);
   return [
     withV3Columns(outbox, dialect),
@@ -133,11 +135,15 @@ function currentSchema(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[
   ];
 }
 
+function currentSchema(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
+  return [...schemaV3Fresh(dialect, t), keySequencesTableSql(dialect, t, true)];
+}
+
 /**
- * The current SQLite schema (version 3) for a FRESH database, as idempotent statements
+ * The current SQLite schema (version 4) for a FRESH database, as idempotent statements
  * (`CREATE ... IF NOT EXISTS`). It does not upgrade an existing version 1 database: use
  * `migrate()` (or the artifacts of `getSqlOutboxMigrations()`) for that. `migrate()` recognises
- * a database created by these statements as version 3.
+ * a database created by these statements as version 4.
  *
  * @example
  * ```ts
@@ -152,10 +158,10 @@ export function createSqliteOutboxSchema(tables?: SqlOutboxTables): string[] {
 }
 
 /**
- * The current Postgres schema (version 3) for a FRESH database, as idempotent statements
+ * The current Postgres schema (version 4) for a FRESH database, as idempotent statements
  * (`CREATE ... IF NOT EXISTS`). It does not upgrade an existing version 1 database: use
  * `migrate()` (or the artifacts of `getSqlOutboxMigrations()`) for that. `migrate()` recognises
- * a database created by these statements as version 3.
+ * a database created by these statements as version 4.
  *
  * @example
  * ```ts
