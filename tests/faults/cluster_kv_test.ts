@@ -25,7 +25,6 @@ import {
   readStreamIds,
   records,
   since,
-  unstableInCi,
 } from "./harness.ts";
 
 const total = 2_000;
@@ -120,7 +119,6 @@ Deno.test("R3 cluster: the NATS KV outbox on an R3 bucket keeps relaying through
 
 Deno.test(
   "R3 cluster: two recorders race through the NATS KV inbox on an R3 bucket while its leader is killed (-9); each id is new exactly once, none is forgotten",
-  unstableInCi,
   async () => {
     await using cluster = await NatsCluster.start();
     await using a = await natsConnection(cluster.urls[0]);

@@ -265,24 +265,42 @@ export function records(prefix: string, tag: string, from: number, count: number
 
 /**
  * The `Nats-Msg-Id` of every message in `stream`, read in one pass with an ordered consumer
- * (in stream order).
+ * (in stream order). A cluster that just got a frozen or killed node back may answer the
+ * JetStream API with "temporarily unavailable" for a while: the read is retried from the start
+ * until it completes (60 s at most).
  */
-export async function readStreamIds(nc: NatsConnection, stream: string): Promise<string[]> {
+export function readStreamIds(nc: NatsConnection, stream: string): Promise<string[]> {
+  return eventually(() => readStreamIdsOnce(nc, stream), { timeoutMs: 60_000, intervalMs: 250 });
+}
+
+async function readStreamIdsOnce(nc: NatsConnection, stream: string): Promise<string[]> {
   const jsm = await jetstreamManager(nc);
-  const info = await eventually(() => jsm.streams.info(stream));
+  const info = await jsm.streams.info(stream);
   if (info.state.messages === 0) return [];
   const last = info.state.last_seq;
   const consumer = await jetstream(nc).consumers.get(stream);
   const messages = await consumer.consume({ max_messages: 2_000 });
   const ids: string[] = [];
+  // A consumer created while the cluster recovers can stall without an error: give up after 10 s
+  // without a message (the caller starts over).
+  let stalled = false;
+  let progressAt = Date.now();
+  const watchdog = setInterval(() => {
+    if (Date.now() - progressAt < 10_000) return;
+    stalled = true;
+    messages.stop();
+  }, 1_000);
   try {
     for await (const message of messages) {
+      progressAt = Date.now();
       ids.push(message.headers?.get("Nats-Msg-Id") ?? `<no id at ${message.seq}>`);
       if (message.seq >= last) break;
     }
   } finally {
+    clearInterval(watchdog);
     await messages.close();
   }
+  if (stalled) throw new Error(`reading ${stream} stalled after ${ids.length} of ${last} messages`);
   return ids;
 }
 
@@ -477,9 +495,11 @@ export function since(start: number): number {
 }
 
 /**
- * Unstable in CI (a fresh cluster on a 2-core machine sometimes elects no leader within 30 s, or
- * its JetStream API answers "temporarily unavailable" to the test's own admin calls): skipped
- * when CI=true unless OUTBOX_FAULTS_FLAKY=1; run by `deno task test:faults` everywhere else.
+ * Unstable in CI: skipped when CI=true unless OUTBOX_FAULTS_FLAKY=1; run by `deno task test:faults`
+ * everywhere else. Only the frozen-stream-leader scenario still uses it: with the kit waiting for
+ * a placeable cluster and `readStreamIds` retrying through "temporarily unavailable" and stalled
+ * consumers, it passed 5 of 6 runs under CI=true on a loaded 2-core machine, and the sixth hung
+ * for 10 minutes before the stalled-read watchdog existed (where it hung was not pinned down).
  */
 export const unstableInCi: { ignore: boolean } = {
   ignore: Deno.env.get("CI") === "true" && Deno.env.get("OUTBOX_FAULTS_FLAKY") !== "1",

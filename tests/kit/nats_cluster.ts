@@ -21,7 +21,7 @@ export interface NatsClusterOptions {
   size?: number;
   /** Extra configuration lines for every node. */
   config?: string[];
-  /** How long to wait for the JetStream meta group to elect a leader. @default {30000} */
+  /** How long to wait until JetStream can place a stream with a replica on every node. @default {60000} */
   readyTimeoutMs?: number;
 }
 
@@ -100,7 +100,7 @@ export class NatsCluster implements AsyncDisposable {
       ));
       nodes.sort((a, b) => a.name.localeCompare(b.name));
       const cluster = new NatsCluster(name, nodes);
-      await cluster.waitForJetStream(options.readyTimeoutMs ?? 30_000);
+      await cluster.waitForJetStream(options.readyTimeoutMs ?? 60_000);
       return cluster;
     } catch (error) {
       await Promise.all(nodes.map((node) => node.server.stop()));
@@ -115,8 +115,11 @@ export class NatsCluster implements AsyncDisposable {
     return node;
   }
 
-  /** Waits until JetStream's account info answers through every running node. */
-  async waitForJetStream(timeoutMs = 30_000): Promise<void> {
+  /**
+   * Waits until JetStream's account info answers through every running node and the cluster can
+   * place a stream with a replica on every node.
+   */
+  async waitForJetStream(timeoutMs = 60_000): Promise<void> {
     const deadline = Date.now() + timeoutMs;
     let lastError: unknown;
     for (const node of this.nodes) {
@@ -137,6 +140,41 @@ export class NatsCluster implements AsyncDisposable {
       } finally {
         await nc.close();
       }
+    }
+    await this.#waitForPlacement(deadline, timeoutMs);
+  }
+
+  /**
+   * Account info can answer before the meta group is ready to place an asset on every node (a
+   * fresh cluster then answers "JetStream system temporarily unavailable" to the first stream
+   * create): create a probe stream with one replica per node until it has a leader, then delete it.
+   */
+  async #waitForPlacement(deadline: number, timeoutMs: number): Promise<void> {
+    const nc = await connectNats(this.urls.join(","));
+    const probe = `OUTBOX_KIT_PROBE_${crypto.randomUUID().slice(0, 8)}`;
+    let lastError: unknown = "no answer yet";
+    try {
+      while (Date.now() <= deadline) {
+        try {
+          const jsm = await jetstreamManager(nc, { timeout: 2_000 });
+          const info = await jsm.streams.add({
+            name: probe,
+            subjects: [`${probe}.>`],
+            num_replicas: this.nodes.length,
+          }).catch(() => jsm.streams.info(probe));
+          if (info.cluster?.leader) {
+            await jsm.streams.delete(probe);
+            return;
+          }
+          lastError = "probe stream has no leader yet";
+        } catch (error) {
+          lastError = error;
+        }
+        await sleep(100);
+      }
+      throw new Error(`JetStream cluster cannot place a stream in ${timeoutMs} ms: ${lastError}`);
+    } finally {
+      await nc.close();
     }
   }
 
