@@ -644,7 +644,11 @@ async function main(): Promise<void> {
               (result.commitToClaimStarted as Record<string, number>).p50.toFixed(1)
             } / p99 ${
               (result.commitToClaimStarted as Record<string, number>).p99.toFixed(1)
-            } ms (load ${loadAverage()})`,
+            } ms; the claim that took it lasted p50 ${
+              (result.claimDuration as Record<string, number>).p50.toFixed(1)
+            } / p99 ${
+              (result.claimDuration as Record<string, number>).p99.toFixed(1)
+            } ms; passed over by a claim started after their commit: ${result.passedOver} (load ${loadAverage()})`,
           );
           byWake.set(wake, [...(byWake.get(wake) ?? []), result]);
         }

@@ -74,8 +74,15 @@ if (import.meta.main) {
   let claims = 0;
   let claimedTotal = 0;
   let claimMs = 0;
+  // When every claim started (the dispatcher claims one at a time), and which claim took each
+  // message: a claim that started after a message's COMMIT returned sees its row, so a message
+  // taken by a later one waited for a wake-up that was not acted on (or for a full batch).
+  const claimStarts: number[] = [];
+  const claimOf = new Int32Array(total);
   repository.claimDue = async (limit, now, options) => {
     const began = performance.now();
+    claimStarts.push(began);
+    const seq = claimStarts.length - 1;
     const claimed = await claimDue(limit, now, options);
     claims += 1;
     claimedTotal += claimed.length;
@@ -86,6 +93,7 @@ if (import.meta.main) {
       if (k !== undefined && claimedAt[k] === 0) {
         claimedAt[k] = at;
         claimStartedAt[k] = began;
+        claimOf[k] = seq;
       }
     }
     return claimed;
@@ -155,6 +163,8 @@ if (import.meta.main) {
   const toClaim: number[] = [];
   const claimToAck: number[] = [];
   const toClaimStart: number[] = [];
+  const claimTook: number[] = [];
+  let passedOver = 0;
   for (let k = first; k < total; k++) {
     if (ackedAt[k] === 0 || markedAt[k] === 0) throw new Error(`message ${k} was not dispatched`);
     toAck.push(ackedAt[k] - committedAt[k]);
@@ -163,8 +173,18 @@ if (import.meta.main) {
     claimToAck.push(ackedAt[k] - claimedAt[k]);
     // Negative: the claim that took it had started before COMMIT returned to the producer.
     toClaimStart.push(claimStartedAt[k] - committedAt[k]);
+    claimTook.push(claimedAt[k] - claimStartedAt[k]);
+    // The first claim that started after COMMIT returned (binary search over start times).
+    let low = 0;
+    let high = claimStarts.length;
+    while (low < high) {
+      const middle = (low + high) >>> 1;
+      if (claimStarts[middle] < committedAt[k]) low = middle + 1;
+      else high = middle;
+    }
+    if (claimOf[k] > low) passedOver += 1;
   }
-  for (const list of [toAck, toMark, toClaim, claimToAck, toClaimStart]) {
+  for (const list of [toAck, toMark, toClaim, claimToAck, toClaimStart, claimTook]) {
     list.sort((a, b) => a - b);
   }
   const summary = (values: number[]) => ({
@@ -187,5 +207,7 @@ if (import.meta.main) {
     meanClaimed: claimedTotal / claims,
     meanClaimMs: claimMs / claims,
     claimedToAck: summary(claimToAck),
+    claimDuration: summary(claimTook),
+    passedOver,
   });
 }
