@@ -12,6 +12,7 @@
 
 import { jetstream } from "@nats-io/jetstream";
 import { connect } from "@nats-io/transport-node";
+import process from "node:process";
 import postgres from "postgres";
 import {
   createJetStreamRuntime,
@@ -119,6 +120,8 @@ if (import.meta.main) {
 
   const notify = config.wake === "listen";
   const commits: Promise<void>[] = [];
+  // CPU of this process (producers and relay: both modes pay the producers' share alike).
+  const cpuAtStart = process.cpuUsage();
   const start = performance.now();
   const intervalMs = 1000 / config.rate;
   let lagMax = 0;
@@ -151,6 +154,7 @@ if (import.meta.main) {
   await Promise.all(commits);
   const lastCommit = Math.max(...committedAt);
   await dispatcher.whenIdle();
+  const cpu = process.cpuUsage(cpuAtStart);
   await dispatcher.stop();
   await subscription?.close();
   await producers.end();
@@ -208,6 +212,8 @@ if (import.meta.main) {
     meanClaimMs: claimMs / claims,
     claimedToAck: summary(claimToAck),
     claimDuration: summary(claimTook),
+    cpuSeconds: (cpu.user + cpu.system) / 1e6,
+    cpuMessages: total,
     passedOver,
   });
 }
