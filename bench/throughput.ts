@@ -49,6 +49,7 @@ import {
 } from "../mod.ts";
 import { NatsCluster, uniqueName } from "../tests/kit/mod.ts";
 import { createBenchDatabase } from "./support/postgres.ts";
+import { postgresCpu } from "./support/postgres_cpu.ts";
 import { records } from "./support/records.ts";
 import { benchServers } from "./support/servers.ts";
 import { referenceSchema, referenceSeed } from "./support/reference.ts";
@@ -609,6 +610,9 @@ async function main(): Promise<void> {
       // wake paths. The table shows the median of every figure over the rounds.
       const latencyRounds = Number(args["latency-rounds"]);
       const byWake = new Map<string, ScenarioResult[]>();
+      // The server's CPU per message (a local cluster only): NOTIFY costs the server more than
+      // the relay, and on a small machine that is what slows the claims down.
+      const serverCpu = await postgresCpu(sql);
       for (let round = 0; round < latencyRounds; round++) {
         const order = round % 2 === 0
           ? ["notify", "listen"] as const
@@ -629,8 +633,13 @@ async function main(): Promise<void> {
             warmupSeconds: 2,
             wake,
           };
+          const serverCpuBefore = serverCpu?.();
           const result = await runChild("commit_latency.ts", config);
+          const serverCpuAfter = serverCpu?.();
           const total = Math.round(latencyRate * (seconds + 2));
+          const serverCpuPerMessage = serverCpuBefore === undefined || serverCpuAfter === undefined
+            ? "n/a"
+            : ((serverCpuAfter - serverCpuBefore) * 1e6 / total).toFixed(0);
           await prepared.finish(total);
           const ack = result.commitToAck as Record<string, number>;
           console.error(
@@ -644,7 +653,13 @@ async function main(): Promise<void> {
               (result.commitToClaimStarted as Record<string, number>).p50.toFixed(1)
             } / p99 ${
               (result.commitToClaimStarted as Record<string, number>).p99.toFixed(1)
-            } ms (load ${loadAverage()})`,
+            } ms; the claim that took it lasted p50 ${
+              (result.claimDuration as Record<string, number>).p50.toFixed(1)
+            } / p99 ${
+              (result.claimDuration as Record<string, number>).p99.toFixed(1)
+            } ms; passed over by a claim started after their commit: ${result.passedOver}; CPU of the process (producers + relay) ${
+              (Number(result.cpuSeconds) * 1e6 / Number(result.cpuMessages)).toFixed(0)
+            } µs/msg, Postgres ${serverCpuPerMessage} µs/msg (load ${loadAverage()})`,
           );
           byWake.set(wake, [...(byWake.get(wake) ?? []), result]);
         }

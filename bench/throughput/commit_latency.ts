@@ -12,6 +12,7 @@
 
 import { jetstream } from "@nats-io/jetstream";
 import { connect } from "@nats-io/transport-node";
+import process from "node:process";
 import postgres from "postgres";
 import {
   createJetStreamRuntime,
@@ -74,8 +75,15 @@ if (import.meta.main) {
   let claims = 0;
   let claimedTotal = 0;
   let claimMs = 0;
+  // When every claim started (the dispatcher claims one at a time), and which claim took each
+  // message: a claim that started after a message's COMMIT returned sees its row, so a message
+  // taken by a later one waited for a wake-up that was not acted on (or for a full batch).
+  const claimStarts: number[] = [];
+  const claimOf = new Int32Array(total);
   repository.claimDue = async (limit, now, options) => {
     const began = performance.now();
+    claimStarts.push(began);
+    const seq = claimStarts.length - 1;
     const claimed = await claimDue(limit, now, options);
     claims += 1;
     claimedTotal += claimed.length;
@@ -86,6 +94,7 @@ if (import.meta.main) {
       if (k !== undefined && claimedAt[k] === 0) {
         claimedAt[k] = at;
         claimStartedAt[k] = began;
+        claimOf[k] = seq;
       }
     }
     return claimed;
@@ -111,6 +120,8 @@ if (import.meta.main) {
 
   const notify = config.wake === "listen";
   const commits: Promise<void>[] = [];
+  // CPU of this process (producers and relay: both modes pay the producers' share alike).
+  const cpuAtStart = process.cpuUsage();
   const start = performance.now();
   const intervalMs = 1000 / config.rate;
   let lagMax = 0;
@@ -143,6 +154,7 @@ if (import.meta.main) {
   await Promise.all(commits);
   const lastCommit = Math.max(...committedAt);
   await dispatcher.whenIdle();
+  const cpu = process.cpuUsage(cpuAtStart);
   await dispatcher.stop();
   await subscription?.close();
   await producers.end();
@@ -155,6 +167,8 @@ if (import.meta.main) {
   const toClaim: number[] = [];
   const claimToAck: number[] = [];
   const toClaimStart: number[] = [];
+  const claimTook: number[] = [];
+  let passedOver = 0;
   for (let k = first; k < total; k++) {
     if (ackedAt[k] === 0 || markedAt[k] === 0) throw new Error(`message ${k} was not dispatched`);
     toAck.push(ackedAt[k] - committedAt[k]);
@@ -163,8 +177,18 @@ if (import.meta.main) {
     claimToAck.push(ackedAt[k] - claimedAt[k]);
     // Negative: the claim that took it had started before COMMIT returned to the producer.
     toClaimStart.push(claimStartedAt[k] - committedAt[k]);
+    claimTook.push(claimedAt[k] - claimStartedAt[k]);
+    // The first claim that started after COMMIT returned (binary search over start times).
+    let low = 0;
+    let high = claimStarts.length;
+    while (low < high) {
+      const middle = (low + high) >>> 1;
+      if (claimStarts[middle] < committedAt[k]) low = middle + 1;
+      else high = middle;
+    }
+    if (claimOf[k] > low) passedOver += 1;
   }
-  for (const list of [toAck, toMark, toClaim, claimToAck, toClaimStart]) {
+  for (const list of [toAck, toMark, toClaim, claimToAck, toClaimStart, claimTook]) {
     list.sort((a, b) => a - b);
   }
   const summary = (values: number[]) => ({
@@ -187,5 +211,9 @@ if (import.meta.main) {
     meanClaimed: claimedTotal / claims,
     meanClaimMs: claimMs / claims,
     claimedToAck: summary(claimToAck),
+    claimDuration: summary(claimTook),
+    cpuSeconds: (cpu.user + cpu.system) / 1e6,
+    cpuMessages: total,
+    passedOver,
   });
 }
