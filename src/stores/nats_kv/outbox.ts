@@ -1101,8 +1101,15 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       try {
         await this.#handOver(record.orderingKey, record.id);
       } catch {
-        this.#index.hint(markerKeyOf(recordKey), -Infinity, revision);
-        return;
+        // The write may have applied with its reply lost: the key entry says.
+        const handedOver = await this.#readKey(record.orderingKey).then(
+          (state) => state.value?.head !== record.id,
+          () => false,
+        );
+        if (!handedOver) {
+          this.#index.hint(markerKeyOf(recordKey), -Infinity, revision);
+          return;
+        }
       }
     }
     await this.#afterMark(recordKey, record, revision);
