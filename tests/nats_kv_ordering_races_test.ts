@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import type { KV } from "@nats-io/kv";
 import type { OutboxMessage, OutboxRecord } from "../mod.ts";
 import { keyEntryPrefix, markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
-import { openKvFixture } from "./nats_kv_fixture.ts";
+import { countingKv, newCounts, openKvFixture } from "./nats_kv_fixture.ts";
 
 let counter = 0;
 
@@ -26,7 +26,7 @@ function keyed(orderingKey: string): OutboxRecord {
   };
 }
 
-type Method = "update" | "create" | "put";
+type Method = "update" | "create" | "put" | "get" | "watch";
 
 /** `kv` with `method` replaced by `wrap(original)`. */
 function intercept<K extends Method>(kv: KV, method: K, wrap: (original: KV[K]) => KV[K]): KV {
@@ -299,4 +299,86 @@ Deno.test("nats kv ordering: two producers and four dispatchers in two instances
   assert.deepEqual(await a.blockedKeys(), []);
   const stats = await b.stats();
   assert.equal(stats.pending + stats.claimed + stats.failed, 0);
+});
+
+Deno.test("nats kv ordering: a claim reads heads only, whatever a key's backlog; a hand-over costs two writes", async () => {
+  await using fixture = await openKvFixture();
+  const setup = fixture.outbox({ kv: fixture.peerKv });
+  const heavy = Array.from({ length: 300 }, () => keyed("backlog"));
+  const light = Array.from({ length: 4 }, (_, i) => keyed(`light-${i}`));
+  await setup.enqueueMany([...heavy, ...light]);
+  const counts = newCounts();
+  const outbox = fixture.outbox({ kv: countingKv(fixture.kv, counts) });
+  await (await outbox.watch(() => {}))(); // starts the index
+  const before = { ...counts.calls };
+  const claims = await outbox.claimDue(10, new Date());
+  assert.deepEqual(claims.map((m) => m.id), [heavy[0].id, ...light.map((r) => r.id)]);
+  const delta = (name: string) => (counts.calls[name] ?? 0) - (before[name] ?? 0);
+  // 5 heads: 5 record reads and 5 claim writes (+ the sync barrier's write); none of the 299
+  // messages waiting behind the first head is read.
+  assert.ok(delta("get") <= 5, `claim reads: ${delta("get")}`);
+  assert.ok(delta("update") <= 5, `claim writes: ${delta("update")}`);
+  const settle = { ...counts.calls };
+  assert.equal(await outbox.markDispatched(claims[0], new Date()), true);
+  const marked = (name: string) => (counts.calls[name] ?? 0) - (settle[name] ?? 0);
+  assert.equal(marked("get"), 0, "the hand-over reads the key entry from the index");
+  assert.equal(marked("update"), 2, "the record and the key entry");
+  assert.deepEqual((await outbox.claimDue(10, new Date())).map((m) => m.id), [heavy[1].id]);
+});
+
+Deno.test("nats kv ordering: a claim whose record read is newer than its index checks the head", async () => {
+  await using fixture = await openKvFixture();
+  const k = "aba";
+  const [m2, m3] = [keyed(k), keyed(k)];
+  const recordKey = await outboxRecordKey(m2.id);
+  const b = fixture.outbox({ kv: fixture.peerKv });
+  await b.enqueueMany([m2, m3]);
+  let raced = false;
+  // This instance's index knows m2 as the head. Before its read of m2's record, the other
+  // instance claims m2, dead-letters it, skips it (m3 heads the key) and requeues it (m2 waits
+  // behind m3): the record this claim reads is pending again, newer than what its index knew.
+  // Its watch is held meanwhile (released shortly after the read), so its index is behind the
+  // record it reads.
+  let gate: Promise<void> | undefined;
+  const watched = intercept(fixture.kv, "watch", (watch) => async (options) => {
+    const iterator = await watch(options);
+    const source = iterator[Symbol.asyncIterator]();
+    return new Proxy(iterator, {
+      get(target, property) {
+        if (property === Symbol.asyncIterator) {
+          return () => ({
+            next: async () => {
+              const item = await source.next();
+              await gate;
+              return item;
+            },
+            return: source.return?.bind(source),
+          });
+        }
+        const value = Reflect.get(target, property, target);
+        return typeof value === "function" ? value.bind(target) : value;
+      },
+    });
+  });
+  const kv = intercept(watched, "get", (get) => async (key: string) => {
+    if (key === recordKey && !raced) {
+      raced = true;
+      let open = () => {};
+      gate = new Promise<void>((resolve) => (open = resolve));
+      const [claim] = await b.claimDue(10, new Date());
+      assert.equal(claim.id, m2.id);
+      assert.equal(await b.markDead(claim, { error: "x", now: new Date() }), true);
+      assert.equal(await b.unblockKey(k, { action: "skip" }), true);
+      assert.equal(await b.requeue([m2.id]), 1);
+      setTimeout(open, 100);
+    }
+    return await get(key);
+  });
+  const a = fixture.outbox({ kv });
+  await (await a.watch(() => {}))(); // starts the index: m2 heads the key
+  const claims = await a.claimDue(10, new Date());
+  assert.ok(raced);
+  assert.ok(!claims.some((m) => m.id === m2.id), "m2 is no longer the head: not claimed");
+  const all = [...claims, ...await b.claimDue(10, new Date()), ...await a.claimDue(10, new Date())];
+  assert.deepEqual(all.map((m) => m.id), [m3.id], "m3 alone heads the key");
 });
