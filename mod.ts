@@ -43,6 +43,7 @@ export type {
   OutboxClaimOptions,
   OutboxDeadLetter,
   OutboxDeliveryOptions,
+  OutboxDispatchedOptions,
   OutboxEnqueueOptions,
   OutboxFailure,
   OutboxFailureScope,

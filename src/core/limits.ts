@@ -75,3 +75,18 @@ export function checkedUnblockAction(options: { action?: unknown } | undefined):
   }
   return action;
 }
+
+/**
+ * The `sequence` of a dispatched mark: `undefined` (none), or a stream sequence (an integer
+ * >= 1); anything else throws `OutboxValidationError`.
+ */
+export function checkedSequence(sequence: unknown): number | undefined {
+  if (sequence === undefined) return undefined;
+  if (typeof sequence !== "number" || !Number.isSafeInteger(sequence) || sequence < 1) {
+    throw new OutboxValidationError(
+      "sequence",
+      `sequence must be a stream sequence (an integer >= 1), got ${String(sequence)}`,
+    );
+  }
+  return sequence;
+}

@@ -49,7 +49,11 @@ async function applyOne(
 ): Promise<boolean> {
   switch (mark.state) {
     case "dispatched":
-      return await repository.markDispatched(mark.claim, now, mark.outcome);
+      return mark.sequence === undefined
+        ? await repository.markDispatched(mark.claim, now, mark.outcome)
+        : await repository.markDispatched(mark.claim, now, mark.outcome, {
+          sequence: mark.sequence,
+        });
     case "failed":
       return await repository.markFailed(mark.claim, {
         error: mark.error,

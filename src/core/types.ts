@@ -163,6 +163,18 @@ export interface OutboxMessage extends OutboxRecord {
    * {@linkcode OutboxClaim}.
    */
   claimToken?: string;
+  /**
+   * Set by `claimDue` on a keyed message when the store knows it: the JetStream stream sequence
+   * at which the message's key last had a message stored, as recorded by the `sequence` of the
+   * dispatched mark that settled it (see {@linkcode OutboxMark}). The dispatcher's broker-side
+   * key fence (`keyFence: "subject"`) publishes the message with
+   * `Nats-Expected-Last-Subject-Sequence` set to it. Absent for messages without a key, for the
+   * first message of a key, and when the key's last settlement recorded no sequence it could
+   * trust (a `dead` message of the key forgets it). Stores keep it per key, so knowing it costs
+   * a claim the same however long ago the key's previous message was dispatched (and survives
+   * `prune`).
+   */
+  keySequence?: number;
 }
 
 /**
@@ -279,6 +291,16 @@ export interface OutboxDeadLetter {
 /**
  * One settlement in a batch passed to {@linkcode OutboxRepository.markMany}.
  *
+ * A `dispatched` mark may carry `sequence`: the stream sequence of the PubAck (a positive safe
+ * integer; anything else is refused with `OutboxValidationError` before any mark applies). When
+ * the mark applies to a keyed message, the store remembers it as its key's last sequence (the
+ * `keySequence` of the key's next claimed message). Per key, a store applies these rules, only
+ * for marks that apply (rule 1 of {@linkcode OutboxClaim}; a replayed or superseded mark
+ * changes nothing): `dispatched` with `sequence` sets the key's sequence; `dispatched` without
+ * one leaves it as it was (a job publishes nothing to the stream); `dead` forgets it (so an
+ * operator's retry or skip publishes the key's next message without a fence, and the fence
+ * resumes from that message's PubAck); `failed` leaves it. Marks of unkeyed messages ignore it.
+ *
  * @example
  * ```ts
  * import type { OutboxMark } from "@outbox/nats";
@@ -290,9 +312,24 @@ export interface OutboxDeadLetter {
  * ```
  */
 export type OutboxMark =
-  | { claim: OutboxClaim; state: "dispatched"; outcome?: JsonValue }
+  | { claim: OutboxClaim; state: "dispatched"; outcome?: JsonValue; sequence?: number }
   | { claim: OutboxClaim; state: "failed"; error: string; nextAttemptAt: Date }
   | { claim: OutboxClaim; state: "dead"; error: string };
+
+/**
+ * Extra facts of a dispatched mark, for {@linkcode OutboxRepository.markDispatched} (the same
+ * as the `sequence` of a `dispatched` {@linkcode OutboxMark}).
+ *
+ * @example
+ * ```ts
+ * import type { OutboxDispatchedOptions } from "@outbox/nats";
+ * const options: OutboxDispatchedOptions = { sequence: 42 };
+ * ```
+ */
+export interface OutboxDispatchedOptions {
+  /** The stream sequence of the PubAck (a positive safe integer). */
+  sequence?: number;
+}
 
 /**
  * The storage half of the outbox, as the dispatcher sees it. Every store implements it; the
@@ -339,7 +376,12 @@ export interface OutboxRepository {
    * Settles a claim as dispatched (fenced, see {@linkcode OutboxClaim}); `false` when the claim
    * was superseded, `true` when it applied now or had already been applied by this claim.
    */
-  markDispatched(claim: OutboxClaim, now: Date, outcome?: JsonValue): Promise<boolean>;
+  markDispatched(
+    claim: OutboxClaim,
+    now: Date,
+    outcome?: JsonValue,
+    options?: OutboxDispatchedOptions,
+  ): Promise<boolean>;
   /** Records a failed attempt (fenced); `false` when the claim was superseded. */
   markFailed(claim: OutboxClaim, failure: OutboxFailure): Promise<boolean>;
   /** Moves a claimed message to `dead` (fenced); `false` when the claim was superseded. */
@@ -691,6 +733,16 @@ export interface OutboxDeliveryOptions {
    * (reject) within this time; the dispatcher stops waiting after it either way.
    */
   timeoutMs?: number;
+  /**
+   * The broker-side key fence (the dispatcher's `keyFence: "subject"`): publish only if the last
+   * message stored on the event's subject has this stream sequence (JetStream:
+   * `Nats-Expected-Last-Subject-Sequence`). A runtime that cannot fence ignores it. When the
+   * broker refuses because another message is last, the runtime must check whether that last
+   * message is this very event (an earlier attempt that was stored, its PubAck lost) and then
+   * resolve with its receipt; otherwise reject with a `permanent` `OutboxPublishError` (code
+   * `key_fence`).
+   */
+  expectedLastSubjectSequence?: number;
 }
 
 /**
