@@ -29,6 +29,7 @@ import {
   checkedDate,
   checkedLeaseMs,
   checkedLimit,
+  checkedSequence,
   checkedUnblockAction,
   nonNegative,
 } from "../../core/limits.ts";
@@ -42,6 +43,7 @@ import type {
   OutboxClaim,
   OutboxClaimOptions,
   OutboxDeadLetter,
+  OutboxDispatchedOptions,
   OutboxEnqueueOptions,
   OutboxFailure,
   OutboxListDeadOptions,
@@ -391,9 +393,19 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     return claimed.sort((a, b) => a.order - b.order).map((result) => result.message);
   }
 
-  /** Settles a claim as dispatched (fenced); `false` when the claim was superseded. */
-  markDispatched(claim: OutboxClaim, now: Date, outcome?: JsonValue): Promise<boolean> {
-    return this.#settle({ claim, state: "dispatched", outcome }, now);
+  /**
+   * Settles a claim as dispatched (fenced); `false` when the claim was superseded. For a keyed
+   * message, `options.sequence` (the PubAck's) becomes its key's sequence, written with the
+   * hand-over of the key in one compare-and-set.
+   */
+  async markDispatched(
+    claim: OutboxClaim,
+    now: Date,
+    outcome?: JsonValue,
+    options: OutboxDispatchedOptions = {},
+  ): Promise<boolean> {
+    const sequence = checkedSequence(options.sequence);
+    return await this.#settle({ claim, state: "dispatched", outcome, sequence }, now);
   }
 
   /** Records a failed attempt (fenced); `false` when the claim was superseded. */
@@ -419,6 +431,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * marks then reports the ones that had applied as `true`.
    */
   async markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
+    // Every sequence is checked before any mark applies.
+    for (const mark of marks) if (mark?.state === "dispatched") checkedSequence(mark.sequence);
     const chains = new Map<string, number[]>();
     marks.forEach((mark, index) => {
       const key = typeof mark?.claim?.id === "string" ? mark.claim.id : `\u0000${index}`;
@@ -596,7 +610,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       return false;
     }
     if (action === "retry") return (await this.requeue([headId], now)) === 1;
-    return await this.#handOver(valid, headId);
+    return await this.#handOver(valid, headId, null);
   }
 
   /**
@@ -659,6 +673,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       if (record.orderingKey !== undefined) await this.#joinKey(record.orderingKey, record.id);
       return 0;
     }
+    // A dead head has forgotten its key's sequence (see OutboxMark): no claim can observe that
+    // before a retry (here, first, so no requeued head is ever claimed with it) or a skip (its
+    // hand-over drops it), so that is when the key entry is rewritten, not at every dead mark.
+    if (record.orderingKey !== undefined) await this.#forgetSequence(record.orderingKey, record.id);
     const next: StoredOutboxRecord = {
       ...record,
       state: "pending",
@@ -984,7 +1002,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       // failed write) hands over now; a dead head keeps its key (blocked).
       const key = decoded.ok ? decoded.record.orderingKey : entry.key;
       if (!decoded.ok || decoded.record.state === "dispatched") {
-        if (!await this.#passOn(key, entry.id)) return "waiting";
+        const sequence = decoded.ok ? decoded.record.sequence : undefined;
+        if (!await this.#passOn(key, entry.id, sequence)) return "waiting";
       }
       await this.#dropMarker(entry.markerKey, observed);
       return "dropped";
@@ -1099,7 +1118,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   async #release(recordKey: string, record: StoredOutboxRecord, revision: number): Promise<void> {
     if (record.orderingKey !== undefined) {
       try {
-        await this.#handOver(record.orderingKey, record.id);
+        await this.#handOver(record.orderingKey, record.id, record.sequence);
       } catch {
         // The write may have applied with its reply lost: the key entry says.
         const handedOver = await this.#readKey(record.orderingKey).then(
@@ -1115,11 +1134,18 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     await this.#afterMark(recordKey, record, revision);
   }
 
-  /** Hands `key` over from `id` if `id` heads it; `false` when that failed (retry later). */
-  async #passOn(key: string | undefined, id: string | undefined): Promise<boolean> {
+  /**
+   * Hands `key` over from `id` if `id` heads it (with the dispatched mark's `sequence`, if any);
+   * `false` when that failed (retry later).
+   */
+  async #passOn(
+    key: string | undefined,
+    id: string | undefined,
+    sequence?: number,
+  ): Promise<boolean> {
     if (key === undefined || id === undefined) return true;
     try {
-      await this.#handOver(key, id);
+      await this.#handOver(key, id, sequence);
       return true;
     } catch {
       return false;
@@ -1141,13 +1167,18 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     leaseUntil: string,
     claimToken: string,
   ): Promise<Claimed | undefined> {
-    if (record.orderingKey !== undefined) {
-      const state = this.#index.revision() > revision
-        ? this.#index.keyState(record.orderingKey)
-        : await this.#readKey(record.orderingKey);
-      if (state?.value?.head !== record.id) return undefined;
+    if (record.orderingKey === undefined) {
+      return await this.#claimOne(entry, record, revision, nowIso, leaseUntil, claimToken);
     }
-    return await this.#claimOne(entry, record, revision, nowIso, leaseUntil, claimToken);
+    const state = this.#index.revision() > revision
+      ? this.#index.keyState(record.orderingKey)
+      : await this.#readKey(record.orderingKey);
+    if (state?.value?.head !== record.id) return undefined;
+    const claimed = await this.#claimOne(entry, record, revision, nowIso, leaseUntil, claimToken);
+    // The key's sequence as of the entry that names this head: it changes only when the head
+    // is settled, which this claim's write just fenced.
+    if (claimed && state.value.seq !== undefined) claimed.message.keySequence = state.value.seq;
+    return claimed;
   }
 
   /**
@@ -1176,7 +1207,9 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         if (read.record.lastError !== undefined) item.lastError = read.record.lastError;
         return item;
       }
-      if (!read?.ok || read.record.state === "dispatched") await this.#passOn(key, headId);
+      if (!read?.ok || read.record.state === "dispatched") {
+        await this.#passOn(key, headId, read?.ok ? read.record.sequence : undefined);
+      }
       return undefined;
     }));
     return found.filter((item): item is OutboxBlockedKey => item !== undefined)
@@ -1230,7 +1263,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * one moves the head, and a concurrent join makes it read again. Resolves `true` when this
    * call moved the head, `false` when `from` was not (or no longer) the head.
    */
-  async #handOver(key: string, from: string): Promise<boolean> {
+  async #handOver(key: string, from: string, sequence?: number | null): Promise<boolean> {
     let state = await this.#knownKey(key);
     let fresh = false;
     for (let round = 1;; round++) {
@@ -1243,7 +1276,9 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       await this.#index.caughtUp(state.revision);
       const next = this.#index.nextOf(key, from);
       const value: KeyEntry = { v: 1, key };
-      if (state.value.seq !== undefined) value.seq = state.value.seq;
+      // A sequence given replaces the key's; `null` forgets it (a skipped dead head's).
+      const seq = sequence === undefined ? state.value.seq : sequence ?? undefined;
+      if (seq !== undefined) value.seq = seq;
       if (next?.id !== undefined) value.head = next.id;
       try {
         await this.#kv.update(state.entryKey, encodeJson(value), state.revision);
@@ -1254,6 +1289,25 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       await contention(key, round);
       state = await this.#readKey(key);
       fresh = true;
+    }
+  }
+
+  /** Drops the key's sequence while `headId` (a dead message) heads the key. */
+  async #forgetSequence(key: string, headId: string): Promise<void> {
+    let state = await this.#knownKey(key);
+    for (let round = 1;; round++) {
+      if (state.value?.head !== headId && round === 1) state = await this.#readKey(key);
+      if (state.value?.head !== headId || state.value.seq === undefined) return;
+      const value: KeyEntry = { ...state.value };
+      delete value.seq;
+      try {
+        await this.#kv.update(state.entryKey, encodeJson(value), state.revision);
+        return;
+      } catch (error) {
+        if (!isWrongLastSequence(error)) throw error;
+      }
+      await contention(key, round);
+      state = await this.#readKey(key);
     }
   }
 
@@ -1364,6 +1418,9 @@ function applyMark(
       delete next.nextAttemptAt;
       delete next.lastError;
       if (mark.outcome !== undefined) next.outcome = structuredClone(mark.outcome);
+      if (mark.sequence !== undefined && record.orderingKey !== undefined) {
+        next.sequence = mark.sequence;
+      }
       break;
     case "failed":
       next.nextAttemptAt = mark.nextAttemptAt.toISOString();

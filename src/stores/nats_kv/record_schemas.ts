@@ -58,6 +58,8 @@ export const StoredOutboxRecordSchema = Type.Object({
   claimToken: Type.Optional(Type.String({ minLength: 1 })),
   /** The ordering key (validated with the rest of the record by `validateOutboxRecord`). */
   orderingKey: Type.Optional(Type.String({ minLength: 1 })),
+  /** The PubAck sequence of the dispatched mark of a keyed message. */
+  sequence: Type.Optional(Type.Integer({ minimum: 1 })),
 });
 
 /** Schema of an active-index marker (`q.<token>`). */

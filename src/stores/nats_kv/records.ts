@@ -45,6 +45,11 @@ export interface StoredOutboxRecord {
   claimToken?: string;
   /** The message's ordering key (see `OutboxRecord.orderingKey`). */
   orderingKey?: string;
+  /**
+   * The PubAck's stream sequence of the dispatched mark that settled a keyed message, so a
+   * hand-over finished later (a retried mark, a claim healing it) records the same key sequence.
+   */
+  sequence?: number;
 }
 
 /** An active-index marker. */
