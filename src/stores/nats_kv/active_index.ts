@@ -37,6 +37,12 @@ export interface ActiveEntry {
   /** The message's ordering key, from the marker. */
   key?: string;
   removed: boolean;
+  /**
+   * Whether the entry is in the claim's FIFO: unkeyed entries always, keyed ones once they head
+   * their key (the messages waiting behind a head are kept per key only, so a claim never walks
+   * a key's backlog).
+   */
+  queued?: boolean;
 }
 
 /** An ordering key's entry as the index last saw it. */
@@ -412,6 +418,11 @@ export class ActiveIndex {
       revision: watched.revision,
       value,
     });
+    if (value.head !== undefined && value.head !== before) {
+      // The new head joins the claim's FIFO (usually the first of its key's entries).
+      const head = this.#byKey.get(value.key)?.find((entry) => entry.id === value.head);
+      if (head) this.#enqueue(head);
+    }
     if (!this.#live || value.head === undefined || value.head === before) return;
     // A hand-over: the key's next message became claimable.
     this.#notify({ id: value.head });
@@ -440,7 +451,7 @@ export class ActiveIndex {
       const order = marker?.seq ?? known.order;
       if (order !== known.order || marker?.key !== known.key) {
         this.#remove(known);
-        this.#insert({ ...known, order, key: marker?.key, removed: false });
+        this.#insert({ ...known, order, key: marker?.key, removed: false, queued: false });
       }
       this.hint(watched.key, dueMs, marker?.rev ?? 0);
     } else {
@@ -465,17 +476,26 @@ export class ActiveIndex {
 
   #insert(entry: ActiveEntry): void {
     this.#entries.set(entry.markerKey, entry);
-    insertSorted(this.#sorted, entry);
+    if (entry.key === undefined || this.#keyStates.get(entry.key)?.value.head === entry.id) {
+      this.#enqueue(entry);
+    }
     if (entry.key === undefined) return;
     const queue = this.#byKey.get(entry.key);
     if (queue) insertSorted(queue, entry);
     else this.#byKey.set(entry.key, [entry]);
   }
 
+  /** Puts an entry into the claim's FIFO (once). */
+  #enqueue(entry: ActiveEntry): void {
+    if (entry.queued || entry.removed) return;
+    entry.queued = true;
+    insertSorted(this.#sorted, entry);
+  }
+
   #remove(entry: ActiveEntry): void {
     if (entry.removed) return;
     entry.removed = true;
-    this.#removedInSorted += 1;
+    if (entry.queued) this.#removedInSorted += 1;
     if (this.#entries.get(entry.markerKey) === entry) this.#entries.delete(entry.markerKey);
     if (entry.key === undefined) return;
     const queue = this.#byKey.get(entry.key);
