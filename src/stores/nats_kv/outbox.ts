@@ -8,6 +8,11 @@
  * - `q.<token>`: an active-index marker that exists while the message is pending, claimed or
  *   failed. Claims find due work through a watch on `q.>` (see {@link ./active_index.ts}), never
  *   by listing records, so dispatched records kept for retention cost a claim nothing.
+ * - `q._k.<token>`: the entry of an ordering key: its head (the only message of the key a claim
+ *   may take) and its last stream sequence. Written only by compare-and-set: a keyed enqueue
+ *   joins its key after its marker is written (creating the head, or rewriting the entry so a
+ *   concurrent hand-over reads again), a settled head hands over to the oldest marker of its key
+ *   in the index, and a claim checks the head against the entry as of after its record read.
  *
  * Crash safety: the record is the truth, the marker only a pointer. Every state between the two
  * writes heals itself: a marker whose record is terminal, corrupt or (after a grace period)
