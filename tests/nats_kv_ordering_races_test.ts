@@ -382,3 +382,71 @@ Deno.test("nats kv ordering: a claim whose record read is newer than its index c
   const all = [...claims, ...await b.claimDue(10, new Date()), ...await a.claimDue(10, new Date())];
   assert.deepEqual(all.map((m) => m.id), [m3.id], "m3 alone heads the key");
 });
+
+/** `kv` whose watches can be held (entries wait) and released, to keep an index behind. */
+function holdableWatch(kv: KV): { kv: KV; hold(): void; release(): void } {
+  let gate: Promise<void> | undefined;
+  let open = () => {};
+  const held = intercept(kv, "watch", (watch) => async (options) => {
+    const iterator = await watch(options);
+    const source = iterator[Symbol.asyncIterator]();
+    return new Proxy(iterator, {
+      get(target, property) {
+        if (property === Symbol.asyncIterator) {
+          return () => ({
+            next: async () => {
+              const item = await source.next();
+              await gate;
+              return item;
+            },
+            return: source.return?.bind(source),
+          });
+        }
+        const value = Reflect.get(target, property, target);
+        return typeof value === "function" ? value.bind(target) : value;
+      },
+    });
+  });
+  return {
+    kv: held,
+    hold() {
+      gate = new Promise<void>((resolve) => (open = resolve));
+    },
+    release() {
+      gate = undefined;
+      open();
+    },
+  };
+}
+
+Deno.test("nats kv ordering: a requeue of a skipped message by an instance whose index still names it head", async () => {
+  await using fixture = await openKvFixture();
+  const k = "stale-requeue";
+  const [x, y] = [keyed(k), keyed(k)];
+  const a = holdableWatch(fixture.kv);
+  const b = holdableWatch(fixture.peerKv);
+  const requeuer = fixture.outbox({ kv: a.kv });
+  const dispatcher = fixture.outbox({ kv: b.kv });
+  await requeuer.enqueueMany([x, y]);
+  await (await requeuer.watch(() => {}))();
+  await (await dispatcher.watch(() => {}))();
+  await requeuer.blockedKeys(); // its index has caught up: x heads the key
+  a.hold(); // from here the requeuer's index still says x heads the key
+  const [claimX] = await dispatcher.claimDue(10, new Date());
+  assert.equal(claimX.id, x.id);
+  assert.equal(await dispatcher.markDead(claimX, { error: "x", now: new Date() }), true);
+  assert.equal(await dispatcher.unblockKey(k, { action: "skip" }), true);
+  const [claimY] = await dispatcher.claimDue(10, new Date());
+  assert.equal(claimY.id, y.id);
+  b.hold(); // the dispatcher's index will not see x come back before its hand-over
+  assert.equal(await requeuer.requeue([x.id]), 1);
+  setTimeout(() => b.release(), 300);
+  assert.equal(await dispatcher.markDispatched(claimY, new Date()), true);
+  a.release();
+  b.release();
+  const claims = [
+    ...await dispatcher.claimDue(10, new Date()),
+    ...await requeuer.claimDue(10, new Date()),
+  ];
+  assert.deepEqual(claims.map((m) => m.id), [x.id], "x, requeued behind y, heads the key next");
+});

@@ -1243,8 +1243,16 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    */
   async #joinKey(key: string, id: string): Promise<void> {
     let state = await this.#knownKey(key);
+    let fresh = false;
     for (let round = 1;; round++) {
-      if (state.value?.head === id) return;
+      if (state.value?.head === id) {
+        // Trusted only as read now: an index behind the bucket may still name a message that
+        // was skipped since (and is being requeued behind the key's new head).
+        if (fresh) return;
+        state = await this.#readKey(key);
+        fresh = true;
+        if (state.value?.head === id) return;
+      }
       const value: KeyEntry = state.value?.head !== undefined
         ? state.value
         : { ...state.value, v: 1, key, head: id };
@@ -1256,6 +1264,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       }
       await contention(key, round);
       state = await this.#readKey(key);
+      fresh = true;
     }
   }
 
