@@ -252,5 +252,5 @@ export {
   type KvBucketOptions,
   type KvBucketSettings,
 } from "./src/stores/nats_kv/bucket.ts";
-export { NatsKvIndexError } from "./src/stores/nats_kv/errors.ts";
+export { NatsKvIndexError, NatsKvOrderingKeyError } from "./src/stores/nats_kv/errors.ts";
 export { sqliteTransactionRunner } from "./src/stores/sql/transactions.ts";

@@ -1,10 +1,10 @@
 /**
- * `outbox-nats keys blocked | retry | skip` as a subprocess against real SQL stores.
+ * `outbox-nats keys blocked | retry | skip` as a subprocess against real SQL and NATS KV stores.
  */
 
 import assert from "node:assert/strict";
 import type { OutboxAdmin, OutboxRecord, OutboxRepository } from "../mod.ts";
-import { postgresStore, runCli, sqliteStore } from "./helpers/cli.ts";
+import { kvStore, postgresStore, runCli, sqliteStore } from "./helpers/cli.ts";
 import { uniqueName } from "./kit/mod.ts";
 
 function keyed(id: string, orderingKey: string): OutboxRecord {
@@ -33,7 +33,12 @@ async function seedBlocked(outbox: OutboxRepository & OutboxAdmin, p: string): P
   assert.equal(await outbox.markDead(head, { error: "no stream for subject", now }), true);
 }
 
-for (const [name, open] of [["postgres", postgresStore], ["sqlite", sqliteStore]] as const) {
+for (
+  const [name, open] of [["postgres", postgresStore], ["sqlite", sqliteStore], [
+    "nats-kv",
+    kvStore,
+  ]] as const
+) {
   Deno.test(`cli ${name}: keys blocked lists the dead head and the waiting count; retry and skip unblock`, async () => {
     await using store = await open();
     const p = uniqueName("kb");

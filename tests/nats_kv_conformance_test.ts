@@ -4,7 +4,6 @@ import { openKvFixture } from "./nats_kv_fixture.ts";
 testConformance({
   name: "nats kv",
   canCorrupt: true,
-  orderingKeys: false,
   async open() {
     const fixture = await openKvFixture();
     return {

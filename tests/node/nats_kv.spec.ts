@@ -23,7 +23,6 @@ function recordKey(id: string): string {
 testConformance({
   name: "node nats kv",
   canCorrupt: true,
-  orderingKeys: false,
   async open(): Promise<ConformanceFixture> {
     const nc = await connect({ servers: natsUrl() });
     const peerNc = await connect({ servers: natsUrl() });

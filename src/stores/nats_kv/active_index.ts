@@ -13,8 +13,8 @@
 
 import type { KV, KvWatchEntry } from "@nats-io/kv";
 import { NatsKvIndexError } from "./errors.ts";
-import { decodeToken, markerPrefix, recordKeyOf, syncKey, tokenOf } from "./keys.ts";
-import { type RecordCodec, recordCodec } from "./records.ts";
+import { decodeToken, isKeyEntryKey, markerPrefix, recordKeyOf, syncKey, tokenOf } from "./keys.ts";
+import { type KeyEntry, type RecordCodec, recordCodec } from "./records.ts";
 
 /** One active message as the index knows it. */
 export interface ActiveEntry {
@@ -34,7 +34,25 @@ export interface ActiveEntry {
   dueMs: number;
   /** Record revision the hint comes from (0: unknown); newer information wins. */
   hintRevision: number;
+  /** The message's ordering key, from the marker. */
+  key?: string;
   removed: boolean;
+  /**
+   * Whether the entry is in the claim's FIFO: unkeyed entries always, keyed ones once they head
+   * their key (the messages waiting behind a head are kept per key only, so a claim never walks
+   * a key's backlog).
+   */
+  queued?: boolean;
+}
+
+/** An ordering key's entry as the index last saw it. */
+export interface KeyState {
+  /** The key entry's KV key (`q._k.<token>`). */
+  entryKey: string;
+  /** The entry's revision. */
+  revision: number;
+  /** The decoded entry (head, last stream sequence). */
+  value: KeyEntry;
 }
 
 /** What a work listener is told: a message became active (or was rescheduled). */
@@ -62,6 +80,12 @@ export class ActiveIndex {
   #entries = new Map<string, ActiveEntry>();
   #sorted: ActiveEntry[] = [];
   #removedInSorted = 0;
+  /** Ordering keys: their entry (`q._k.<token>`), by key. */
+  #keyStates = new Map<string, KeyState>();
+  /** Which ordering key a key entry's KV key belongs to (deletes carry no value). */
+  #keyOfEntry = new Map<string, string>();
+  /** Active entries of each ordering key, in enqueue order. */
+  #byKey = new Map<string, ActiveEntry[]>();
   #iterator: WatchIterator | undefined;
   #loop: Promise<void> | undefined;
   #starting: Promise<boolean> | undefined;
@@ -117,16 +141,66 @@ export class ActiveIndex {
     await this.ready();
   }
 
-  /** Up to `max` entries that may be due at `nowMs`, oldest first, except those `skip` names. */
+  /**
+   * Up to `max` entries that may be due at `nowMs`, oldest first, except those `skip` names.
+   * A keyed entry is a candidate only while the index knows it as its key's head: the messages
+   * waiting behind a head are never read by a claim.
+   */
   candidates(nowMs: number, max: number, skip: (entry: ActiveEntry) => boolean): ActiveEntry[] {
     this.#compact();
     const out: ActiveEntry[] = [];
     for (const entry of this.#sorted) {
       if (out.length >= max) break;
       if (entry.removed || entry.dueMs > nowMs || skip(entry)) continue;
+      if (entry.key !== undefined && this.#keyStates.get(entry.key)?.value.head !== entry.id) {
+        continue;
+      }
       out.push(entry);
     }
     return out;
+  }
+
+  /** The last revision of the watched entries the index has applied (its position in the stream). */
+  revision(): number {
+    return this.#lastRevision;
+  }
+
+  /** An ordering key's entry as of {@linkcode ActiveIndex.revision}, or `undefined`. */
+  keyState(key: string): KeyState | undefined {
+    return this.#keyStates.get(key);
+  }
+
+  /** Every ordering key's entry the index holds. */
+  keyStates(): KeyState[] {
+    return [...this.#keyStates.values()];
+  }
+
+  /** Active entries of ordering key `key`, in enqueue order. */
+  keyEntries(key: string): readonly ActiveEntry[] {
+    return this.#byKey.get(key) ?? [];
+  }
+
+  /** The oldest active entry of `key` other than message `except`: the key's next message. */
+  nextOf(key: string, except: string): ActiveEntry | undefined {
+    for (const entry of this.#byKey.get(key) ?? []) {
+      if (entry.id !== except && entry.id !== undefined) return entry;
+    }
+    return undefined;
+  }
+
+  /**
+   * Resolves once the index has applied every watched entry up to `revision` (an entry under
+   * `q.>` that exists, so the watch delivers it or a later one). On a stalled watch: rebuilt
+   * once, then {@linkcode NatsKvIndexError}.
+   */
+  async caughtUp(revision: number): Promise<void> {
+    if (await this.ready() || this.#lastRevision >= revision) return;
+    try {
+      await this.#wait(revision);
+    } catch (error) {
+      if (this.#closed) throw error;
+      await this.restart();
+    }
   }
 
   /** The entry for a marker key. */
@@ -207,6 +281,9 @@ export class ActiveIndex {
     this.#entries = new Map();
     this.#sorted = [];
     this.#removedInSorted = 0;
+    this.#keyStates = new Map();
+    this.#keyOfEntry = new Map();
+    this.#byKey = new Map();
     this.#lastRevision = 0;
     this.#live = false;
     const iterator = await this.#kv.watch({ key: `${markerPrefix}.>` });
@@ -265,6 +342,10 @@ export class ActiveIndex {
 
   async #barrier(): Promise<void> {
     const revision = await this.#kv.put(syncKey, `${Date.now()}`);
+    await this.#wait(revision);
+  }
+
+  async #wait(revision: number): Promise<void> {
     if (this.#lastRevision >= revision) return;
     await new Promise<void>((resolve, reject) => {
       // Gives up only when the watch stalls: a long snapshot that keeps delivering is waited for.
@@ -303,7 +384,8 @@ export class ActiveIndex {
     const written = entry.created.getTime();
     if (written > this.#serverTimeMs) this.#serverTimeMs = written;
     if (entry.revision > this.#lastRevision) this.#lastRevision = entry.revision;
-    if (entry.key !== syncKey) {
+    if (isKeyEntryKey(entry.key)) this.#applyKeyEntry(entry);
+    else if (entry.key !== syncKey) {
       if (entry.operation === "PUT") this.#upsert(entry);
       else {
         const known = this.#entries.get(entry.key);
@@ -318,6 +400,44 @@ export class ActiveIndex {
     }
   }
 
+  #applyKeyEntry(watched: KvWatchEntry): void {
+    const value = watched.operation === "PUT"
+      ? this.#codec!.decodeKeyEntry(watched.value)
+      : undefined;
+    const previousKey = this.#keyOfEntry.get(watched.key);
+    if (!value) {
+      // Deleted (or damaged, which no claim can trust): the key has no head the index knows.
+      if (previousKey !== undefined) this.#keyStates.delete(previousKey);
+      this.#keyOfEntry.delete(watched.key);
+      return;
+    }
+    const before = this.#keyStates.get(value.key)?.value.head;
+    this.#keyOfEntry.set(watched.key, value.key);
+    this.#keyStates.set(value.key, {
+      entryKey: watched.key,
+      revision: watched.revision,
+      value,
+    });
+    if (value.head !== undefined && value.head !== before) {
+      // The new head joins the claim's FIFO (usually the first of its key's entries).
+      const head = this.#byKey.get(value.key)?.find((entry) => entry.id === value.head);
+      if (head) this.#enqueue(head);
+    }
+    if (!this.#live || value.head === undefined || value.head === before) return;
+    // A hand-over: the key's next message became claimable.
+    this.#notify({ id: value.head });
+  }
+
+  #notify(work: ActiveWork): void {
+    for (const listener of this.#listeners) {
+      try {
+        listener(work);
+      } catch {
+        // A listener's failure is its own; the index keeps going.
+      }
+    }
+  }
+
   #upsert(watched: KvWatchEntry): void {
     const marker = this.#codec!.decodeMarker(watched.value);
     const id = marker?.id ?? decodeToken(tokenOf(watched.key));
@@ -328,9 +448,10 @@ export class ActiveIndex {
       if (watched.revision < known.markerRevision) return;
       known.markerRevision = watched.revision;
       known.markerWrittenMs = watched.created.getTime();
-      if (marker?.seq !== undefined && marker.seq !== known.order) {
+      const order = marker?.seq ?? known.order;
+      if (order !== known.order || marker?.key !== known.key) {
         this.#remove(known);
-        this.#insert({ ...known, order: marker.seq, removed: false });
+        this.#insert({ ...known, order, key: marker?.key, removed: false, queued: false });
       }
       this.hint(watched.key, dueMs, marker?.rev ?? 0);
     } else {
@@ -343,44 +464,45 @@ export class ActiveIndex {
         markerWrittenMs: watched.created.getTime(),
         dueMs,
         hintRevision: marker?.rev ?? 0,
+        key: marker?.key,
         removed: false,
       });
     }
     if (!this.#live || this.#listeners.size === 0) return;
     const work: ActiveWork = { id: id ?? "" };
     if (marker?.due !== undefined) work.dueAt = marker.due;
-    for (const listener of this.#listeners) {
-      try {
-        listener(work);
-      } catch {
-        // A listener's failure is its own; the index keeps going.
-      }
-    }
+    this.#notify(work);
   }
 
   #insert(entry: ActiveEntry): void {
     this.#entries.set(entry.markerKey, entry);
-    const sorted = this.#sorted;
-    const last = sorted[sorted.length - 1];
-    if (!last || before(last, entry)) {
-      sorted.push(entry);
-      return;
+    if (entry.key === undefined || this.#keyStates.get(entry.key)?.value.head === entry.id) {
+      this.#enqueue(entry);
     }
-    let low = 0;
-    let high = sorted.length;
-    while (low < high) {
-      const mid = (low + high) >>> 1;
-      if (before(sorted[mid], entry)) low = mid + 1;
-      else high = mid;
-    }
-    sorted.splice(low, 0, entry);
+    if (entry.key === undefined) return;
+    const queue = this.#byKey.get(entry.key);
+    if (queue) insertSorted(queue, entry);
+    else this.#byKey.set(entry.key, [entry]);
+  }
+
+  /** Puts an entry into the claim's FIFO (once). */
+  #enqueue(entry: ActiveEntry): void {
+    if (entry.queued || entry.removed) return;
+    entry.queued = true;
+    insertSorted(this.#sorted, entry);
   }
 
   #remove(entry: ActiveEntry): void {
     if (entry.removed) return;
     entry.removed = true;
-    this.#removedInSorted += 1;
+    if (entry.queued) this.#removedInSorted += 1;
     if (this.#entries.get(entry.markerKey) === entry) this.#entries.delete(entry.markerKey);
+    if (entry.key === undefined) return;
+    const queue = this.#byKey.get(entry.key);
+    const at = queue?.indexOf(entry) ?? -1;
+    if (at < 0) return;
+    queue!.splice(at, 1);
+    if (queue!.length === 0) this.#byKey.delete(entry.key);
   }
 
   #compact(): void {
@@ -388,6 +510,23 @@ export class ActiveIndex {
     this.#sorted = this.#sorted.filter((entry) => !entry.removed);
     this.#removedInSorted = 0;
   }
+}
+
+/** Inserts `entry` into `sorted` (enqueue order); usually an append. */
+function insertSorted(sorted: ActiveEntry[], entry: ActiveEntry): void {
+  const last = sorted[sorted.length - 1];
+  if (!last || before(last, entry)) {
+    sorted.push(entry);
+    return;
+  }
+  let low = 0;
+  let high = sorted.length;
+  while (low < high) {
+    const mid = (low + high) >>> 1;
+    if (before(sorted[mid], entry)) low = mid + 1;
+    else high = mid;
+  }
+  sorted.splice(low, 0, entry);
 }
 
 function before(a: ActiveEntry, b: ActiveEntry): boolean {

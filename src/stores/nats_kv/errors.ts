@@ -55,3 +55,30 @@ export class NatsKvIndexError extends Error {
     this.name = "NatsKvIndexError";
   }
 }
+
+/**
+ * The entry of an ordering key kept changing under a write of the NATS KV outbox (other
+ * processes enqueuing or handing the key over at the same time) for too many rounds. Nothing
+ * was lost: the message is stored and indexed; the write that joins it to its key is retried by
+ * the next `enqueue` of the same id, a `requeue` of it, or `repair()`.
+ *
+ * @example
+ * ```ts
+ * import { NatsKvOrderingKeyError } from "@outbox/nats";
+ * const error = new NatsKvOrderingKeyError("order-42", 64);
+ * console.log(error.key); // "order-42"
+ * ```
+ */
+export class NatsKvOrderingKeyError extends Error {
+  /** The ordering key. */
+  readonly key: string;
+  /** Creates the error for `key` after `rounds` lost compare-and-set rounds. */
+  constructor(key: string, rounds: number, options?: ErrorOptions) {
+    super(
+      `The entry of ordering key '${key}' changed under ${rounds} writes in a row; retry`,
+      options,
+    );
+    this.name = "NatsKvOrderingKeyError";
+    this.key = key;
+  }
+}

@@ -26,6 +26,11 @@ export const inboxPrefix = "i";
  * token, which always starts with `b` or `h`.
  */
 export const syncKey = `${markerPrefix}._sync`;
+/**
+ * Prefix of the per-ordering-key entries (`q._k.<key token>`): who the key's head is. Under the
+ * markers' prefix so the claimers' one watch on `q.>` sees them; never an id token either.
+ */
+export const keyEntryPrefix = `${markerPrefix}._k`;
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder("utf-8", { fatal: true });
@@ -77,6 +82,16 @@ export function decodeToken(token: string): string | undefined {
 /** The record key of outbox message `id`. */
 export async function outboxRecordKey(id: string): Promise<string> {
   return `${recordPrefix}.${await encodeToken(id)}`;
+}
+
+/** The key entry of ordering key `key` (`q._k.<token>`). */
+export async function keyEntryKey(key: string): Promise<string> {
+  return `${keyEntryPrefix}.${await encodeToken(key)}`;
+}
+
+/** Whether `key` is a per-ordering-key entry (see {@linkcode keyEntryPrefix}). */
+export function isKeyEntryKey(key: string): boolean {
+  return key.startsWith(`${keyEntryPrefix}.`);
 }
 
 /** The marker key for a record key (`m.<token>` -> `q.<token>`). */

@@ -8,6 +8,11 @@
  * - `q.<token>`: an active-index marker that exists while the message is pending, claimed or
  *   failed. Claims find due work through a watch on `q.>` (see {@link ./active_index.ts}), never
  *   by listing records, so dispatched records kept for retention cost a claim nothing.
+ * - `q._k.<token>`: the entry of an ordering key: its head (the only message of the key a claim
+ *   may take) and its last stream sequence. Written only by compare-and-set: a keyed enqueue
+ *   joins its key after its marker is written (creating the head, or rewriting the entry so a
+ *   concurrent hand-over reads again), a settled head hands over to the oldest marker of its key
+ *   in the index, and a claim checks the head against the entry as of after its record read.
  *
  * Crash safety: the record is the truth, the marker only a pointer. Every state between the two
  * writes heals itself: a marker whose record is terminal, corrupt or (after a grace period)
@@ -29,6 +34,7 @@ import {
   checkedDate,
   checkedLeaseMs,
   checkedLimit,
+  checkedSequence,
   checkedUnblockAction,
   nonNegative,
 } from "../../core/limits.ts";
@@ -42,6 +48,7 @@ import type {
   OutboxClaim,
   OutboxClaimOptions,
   OutboxDeadLetter,
+  OutboxDispatchedOptions,
   OutboxEnqueueOptions,
   OutboxFailure,
   OutboxListDeadOptions,
@@ -56,12 +63,21 @@ import type {
 } from "../../core/types.ts";
 import { validateOrderingKey, validateOutboxRecord } from "../../core/validate.ts";
 import { type ActiveEntry, ActiveIndex, type ActiveWork } from "./active_index.ts";
-import { isWrongLastSequence } from "./errors.ts";
-import { decodeToken, markerKeyOf, outboxRecordKey, recordPrefix, tokenOf } from "./keys.ts";
+import { isWrongLastSequence, NatsKvOrderingKeyError } from "./errors.ts";
+import {
+  decodeToken,
+  keyEntryKey,
+  markerKeyOf,
+  outboxRecordKey,
+  recordPrefix,
+  tokenOf,
+} from "./keys.ts";
 import {
   corruptMessage,
   encodeJson,
+  type KeyEntry,
   type Marker,
+  markerOf,
   recordCodec,
   type StoredOutboxRecord,
   toMessage,
@@ -159,6 +175,13 @@ interface Cached {
 
 type Claimed = { order: number; message: OutboxMessage };
 
+/** An ordering key's entry as read (or as the index knows it); revision 0: no entry. */
+interface KeyRead {
+  entryKey: string;
+  revision: number;
+  value?: KeyEntry;
+}
+
 /**
  * An outbox stored in a NATS KV bucket: `enqueue`, `claimDue` and the fenced marks of
  * {@linkcode OutboxRepository}, plus the retention and administration of
@@ -208,9 +231,11 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 
   /** Stores a record as `pending`; see {@linkcode OutboxRepository.enqueue}. */
   async enqueue(record: OutboxRecord, options: OutboxEnqueueOptions = {}): Promise<OutboxMessage> {
-    const valid = refuseOrderingKey(validateOutboxRecord(record));
+    const valid = validateOutboxRecord(record);
     const prepared = this.#prepare(valid, new Date());
-    return await this.#store(valid, prepared, undefined, options.contextHeaders);
+    const stored = await this.#store(valid, prepared, undefined, options.contextHeaders);
+    await this.#joinIfActive(stored);
+    return stored;
   }
 
   /**
@@ -224,7 +249,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   ): Promise<OutboxMessage[]> {
     // contextHeaders may be a one-shot iterator, and it is read once per comparison.
     options = { ...options, contextHeaders: options.contextHeaders && [...options.contextHeaders] };
-    const valid = records.map((record) => refuseOrderingKey(validateOutboxRecord(record)));
+    const valid = records.map((record) => validateOutboxRecord(record));
     if (valid.length === 0) return [];
     const first = new Map<string, OutboxRecord>();
     for (const record of valid) {
@@ -248,6 +273,18 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const stored = await Promise.all(
       unique.map((record, i) => this.#store(record, prepared[i], keys[i], options.contextHeaders)),
     );
+    // Then each keyed message joins its key, in input order per key (the first of a key without
+    // a head becomes the head); keys at once.
+    const byKey = new Map<string, OutboxMessage[]>();
+    for (const message of stored) {
+      if (message.orderingKey === undefined) continue;
+      const queue = byKey.get(message.orderingKey);
+      if (queue) queue.push(message);
+      else byKey.set(message.orderingKey, [message]);
+    }
+    await Promise.all([...byKey.values()].map(async (queue) => {
+      for (const message of queue) await this.#joinIfActive(message);
+    }));
     const byId = new Map(stored.map((message) => [message.id, message]));
     return valid.map((record) => structuredClone(byId.get(record.id)!));
   }
@@ -334,7 +371,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         });
         const won = await Promise.all(
           due.map(({ entry, record, revision }) =>
-            this.#claimOne(entry, record, revision, nowIso, leaseUntil, claimToken).catch(
+            this.#claimHead(entry, record, revision, nowIso, leaseUntil, claimToken).catch(
               (error) => {
                 failures.push(error);
                 return undefined;
@@ -361,9 +398,19 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     return claimed.sort((a, b) => a.order - b.order).map((result) => result.message);
   }
 
-  /** Settles a claim as dispatched (fenced); `false` when the claim was superseded. */
-  markDispatched(claim: OutboxClaim, now: Date, outcome?: JsonValue): Promise<boolean> {
-    return this.#settle({ claim, state: "dispatched", outcome }, now);
+  /**
+   * Settles a claim as dispatched (fenced); `false` when the claim was superseded. For a keyed
+   * message, `options.sequence` (the PubAck's) becomes its key's sequence, written with the
+   * hand-over of the key in one compare-and-set.
+   */
+  async markDispatched(
+    claim: OutboxClaim,
+    now: Date,
+    outcome?: JsonValue,
+    options: OutboxDispatchedOptions = {},
+  ): Promise<boolean> {
+    const sequence = checkedSequence(options.sequence);
+    return await this.#settle({ claim, state: "dispatched", outcome, sequence }, now);
   }
 
   /** Records a failed attempt (fenced); `false` when the claim was superseded. */
@@ -389,6 +436,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * marks then reports the ones that had applied as `true`.
    */
   async markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
+    // Every sequence is checked before any mark applies.
+    for (const mark of marks) if (mark?.state === "dispatched") checkedSequence(mark.sequence);
     const chains = new Map<string, number[]>();
     marks.forEach((mark, index) => {
       const key = typeof mark?.claim?.id === "string" ? mark.claim.id : `\u0000${index}`;
@@ -425,6 +474,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const dispatchedBefore = options.dispatchedBefore?.toISOString();
     const deadBefore = options.deadBefore?.toISOString();
     if (dispatchedBefore === undefined && deadBefore === undefined) return result;
+    // The index knows the keys' heads: a dead head blocks its key and stays until unblocked.
+    if (deadBefore !== undefined) await this.#index.sync();
     const victims = { dispatched: [] as KvEntry[], dead: [] as KvEntry[] };
     await scanLatest(this.#kv, `${recordPrefix}.>`, (entry) => {
       if (entry.operation !== "PUT") return;
@@ -440,7 +491,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         state === "dispatched" && dispatchedBefore !== undefined && updatedAt < dispatchedBefore
       ) {
         victims.dispatched.push(entry);
-      } else if (state === "dead" && deadBefore !== undefined && updatedAt < deadBefore) {
+      } else if (
+        state === "dead" && deadBefore !== undefined && updatedAt < deadBefore &&
+        (decoded.record.orderingKey === undefined || !this.#headsKey(decoded.record))
+      ) {
         victims.dead.push(entry);
       }
     });
@@ -475,6 +529,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       dead: 0,
       due: 0,
     };
+    stats.blockedKeys = (await this.#blocked()).length; // syncs the index
     await scanLatest(this.#kv, `${recordPrefix}.>`, (entry) => {
       if (entry.operation !== "PUT") return;
       const decoded = codec.decodeRecord(entry.value, decodeToken(tokenOf(entry.key)));
@@ -486,6 +541,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       stats[record.state] += 1;
       if (record.state === "dispatched" || record.state === "dead") return;
       if (record.state !== "pending" && Date.parse(record.nextAttemptAt!) > nowMs) return;
+      // A message waiting behind its key's head is not due.
+      if (record.state === "pending" && !this.#headsKey(record)) return;
       stats.due += 1;
       if (stats.oldestDueCreatedAt === undefined || record.createdAt < stats.oldestDueCreatedAt) {
         stats.oldestDueCreatedAt = record.createdAt;
@@ -529,25 +586,36 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     return dead.sort((a, b) => a.order - b.order).slice(0, limit).map((item) => item.message);
   }
 
-  /** Ordering keys are not supported by this store yet, so no key is ever blocked: `[]`. */
-  blockedKeys(options: OutboxBlockedKeysOptions = {}): Promise<OutboxBlockedKey[]> {
-    try {
-      checkedLimit(options.limit ?? 100);
-      return Promise.resolve([]);
-    } catch (error) {
-      return Promise.reject(error);
-    }
+  /**
+   * Lists blocked ordering keys (dead heads), longest blocked first; see
+   * {@linkcode OutboxAdmin.blockedKeys}. Syncs the index, then reads the head record of each key
+   * whose head has no marker (a dead head; few), so its cost grows with the blocked keys, not
+   * with the bucket.
+   */
+  async blockedKeys(options: OutboxBlockedKeysOptions = {}): Promise<OutboxBlockedKey[]> {
+    const limit = checkedLimit(options.limit ?? 100);
+    if (limit === 0) return [];
+    return (await this.#blocked()).slice(0, limit);
   }
 
-  /** Ordering keys are not supported by this store yet, so no key is ever blocked: `false`. */
-  unblockKey(key: string, options: OutboxUnblockKeyOptions): Promise<boolean> {
-    try {
-      validateOrderingKey(key, "key");
-      checkedUnblockAction(options);
-      return Promise.resolve(false);
-    } catch (error) {
-      return Promise.reject(error);
+  /**
+   * Retries (requeues) or skips the dead head of a blocked key; `false` when the key is not
+   * blocked. A skip hands the head over to the key's next message with a compare-and-set on the
+   * key's entry, so of two concurrent skips one applies.
+   */
+  async unblockKey(key: string, options: OutboxUnblockKeyOptions): Promise<boolean> {
+    const valid = validateOrderingKey(key, "key");
+    const action = checkedUnblockAction(options);
+    const now = options.now ?? new Date();
+    checkedDate(now, "now");
+    const headId = (await this.#readKey(valid)).value?.head;
+    if (headId === undefined) return false;
+    const head = await this.#read(headId);
+    if (!head?.ok || head.record.state !== "dead" || head.record.orderingKey !== valid) {
+      return false;
     }
+    if (action === "retry") return (await this.requeue([headId], now)) === 1;
+    return await this.#handOver(valid, headId, null);
   }
 
   /**
@@ -559,41 +627,81 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   async requeue(ids: readonly string[], now: Date = new Date()): Promise<number> {
     const codec = await recordCodec();
     const nowIso = now.toISOString();
-    const changed = await Promise.all([...new Set(ids)].map(async (id) => {
+    const found = await Promise.all([...new Set(ids)].map(async (id) => {
       const key = await outboxRecordKey(id);
       const entry = await this.#kv.get(key);
-      if (!entry || entry.operation !== "PUT") return 0;
+      if (!entry || entry.operation !== "PUT") return undefined;
       const decoded = codec.decodeRecord(entry.value, id);
-      if (!decoded.ok || decoded.record.state === "dispatched") return 0;
-      if (decoded.record.state !== "dead") {
-        // Already active (perhaps an earlier requeue crashed before writing the marker):
-        // make sure it is indexed, so running requeue again is the way to recover.
-        await this.#ensureMarker(key, decoded.record, entry.revision);
-        return 0;
-      }
-      const next: StoredOutboxRecord = {
-        ...decoded.record,
-        state: "pending",
-        attempts: 0,
-        updatedAt: nowIso,
-      };
-      delete next.nextAttemptAt;
-      // A requeue ends every earlier claim: an older library version's claim (which copies the
-      // record and writes no token) must not inherit the token of the claim before the requeue.
-      delete next.claimToken;
-      let revision: number;
-      try {
-        revision = await this.#kv.update(key, encodeJson(next), entry.revision);
-      } catch (error) {
-        if (isWrongLastSequence(error)) return 0;
-        throw error;
-      }
-      const marker: Marker = { v: 1, id, rev: revision };
-      if (next.seq !== undefined) marker.seq = next.seq;
-      await this.#kv.put(markerKeyOf(key), encodeJson(marker));
-      return 1;
+      if (!decoded.ok || decoded.record.state === "dispatched") return undefined;
+      return { key, revision: entry.revision, record: decoded.record };
     }));
+    // Messages of one key one after the other, oldest first (the oldest of a key without a head
+    // becomes its head); everything else at once.
+    const queues = new Map<string, Array<NonNullable<(typeof found)[number]>>>();
+    const single: Array<NonNullable<(typeof found)[number]>> = [];
+    for (const item of found) {
+      if (!item) continue;
+      const orderingKey = item.record.orderingKey;
+      if (orderingKey === undefined) single.push(item);
+      else queues.set(orderingKey, [...(queues.get(orderingKey) ?? []), item]);
+    }
+    const order = (item: { record: StoredOutboxRecord; revision: number }) =>
+      item.record.seq ?? item.revision;
+    const changed = await Promise.all([
+      ...single.map((item) => this.#requeueOne(item.key, item.record, item.revision, nowIso)),
+      ...[...queues.values()].map(async (queue) => {
+        let sum = 0;
+        for (const item of queue.sort((a, b) => order(a) - order(b))) {
+          sum += await this.#requeueOne(item.key, item.record, item.revision, nowIso);
+        }
+        return sum;
+      }),
+    ]);
     return changed.reduce<number>((sum, n) => sum + n, 0);
+  }
+
+  /**
+   * Requeues one dead record: pending, then its marker, then (keyed) it joins its key again: a
+   * dead head is still its key's head (retry); a skipped message waits behind the current head,
+   * or heads a key that has none. An active record only gets its marker and key back if lost.
+   */
+  async #requeueOne(
+    key: string,
+    record: StoredOutboxRecord,
+    revision: number,
+    nowIso: string,
+  ): Promise<number> {
+    if (record.state !== "dead") {
+      // Already active (perhaps an earlier requeue crashed before writing the marker):
+      // make sure it is indexed, so running requeue again is the way to recover.
+      await this.#ensureMarker(key, record, revision);
+      if (record.orderingKey !== undefined) await this.#joinKey(record.orderingKey, record.id);
+      return 0;
+    }
+    // A dead head has forgotten its key's sequence (see OutboxMark): no claim can observe that
+    // before a retry (here, first, so no requeued head is ever claimed with it) or a skip (its
+    // hand-over drops it), so that is when the key entry is rewritten, not at every dead mark.
+    if (record.orderingKey !== undefined) await this.#forgetSequence(record.orderingKey, record.id);
+    const next: StoredOutboxRecord = {
+      ...record,
+      state: "pending",
+      attempts: 0,
+      updatedAt: nowIso,
+    };
+    delete next.nextAttemptAt;
+    // A requeue ends every earlier claim: an older library version's claim (which copies the
+    // record and writes no token) must not inherit the token of the claim before the requeue.
+    delete next.claimToken;
+    let written: number;
+    try {
+      written = await this.#kv.update(key, encodeJson(next), revision);
+    } catch (error) {
+      if (isWrongLastSequence(error)) return 0;
+      throw error;
+    }
+    await this.#kv.put(markerKeyOf(key), encodeJson(markerOf(next, { rev: written })));
+    if (next.orderingKey !== undefined) await this.#joinKey(next.orderingKey, next.id);
+    return 1;
   }
 
   /**
@@ -660,6 +768,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const result: NatsKvRepairResult = { records: 0, markersCreated: 0, markersRemoved: 0 };
     const active = new Set<string>();
     const missing: Array<Promise<void>> = [];
+    const headless = new Map<string, Array<{ order: number; id: string }>>();
     await scanLatest(this.#kv, `${recordPrefix}.>`, (entry) => {
       if (entry.operation !== "PUT") return;
       result.records += 1;
@@ -669,6 +778,17 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       if (state === "dispatched" || state === "dead") return;
       const markerKey = markerKeyOf(entry.key);
       active.add(markerKey);
+      const orderingKey = decoded.record.orderingKey;
+      if (
+        orderingKey !== undefined && this.#index.keyState(orderingKey)?.value.head === undefined
+      ) {
+        // An active keyed message whose key has no head (its join failed and was not retried).
+        const order = this.#index.get(markerKey)?.order ?? decoded.record.seq ?? entry.revision;
+        headless.set(orderingKey, [
+          ...(headless.get(orderingKey) ?? []),
+          { order, id: decoded.record.id },
+        ]);
+      }
       if (this.#index.get(markerKey)) return;
       missing.push(
         this.#ensureMarker(entry.key, decoded.record, entry.revision).then((created) => {
@@ -677,6 +797,11 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       );
     });
     await Promise.all(missing);
+    await Promise.all([...headless].map(async ([orderingKey, records]) => {
+      records.sort((a, b) => a.order - b.order);
+      for (const record of records) await this.#joinKey(orderingKey, record.id);
+    }));
+    await this.#blocked(); // hands over heads left behind by failed hand-overs
     const suspects = this.#index.entries().filter((entry) => !active.has(entry.markerKey));
     const removed = await Promise.all(suspects.map((entry) => this.#inspect(entry)));
     result.markersRemoved = removed.filter((outcome) => outcome === "dropped").length;
@@ -693,8 +818,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 
   /** Creates the marker of an active record unless one exists. */
   async #ensureMarker(key: string, record: StoredOutboxRecord, revision: number): Promise<boolean> {
-    const marker: Marker = { v: 1, id: record.id, rev: revision };
-    if (record.seq !== undefined) marker.seq = record.seq;
+    const marker = markerOf(record, { rev: revision });
     try {
       await this.#kv.create(markerKeyOf(key), encodeJson(marker));
       return true;
@@ -757,6 +881,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     // message's enqueue order. A marker whose record write failed is an orphan that claims
     // delete after `orphanGraceMs`.
     const marker: Marker = { v: 1, id: record.id };
+    if (record.orderingKey !== undefined) marker.key = record.orderingKey;
     const [created, indexed] = await Promise.allSettled([
       this.#kv.create(key, bytes),
       this.#kv.create(markerKey, encodeJson(marker)),
@@ -870,12 +995,21 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     if (!got || got.operation !== "PUT") {
       // One clock: the marker's server timestamp against the server time the watch last showed.
       if (this.#index.serverTimeMs() - writtenMs < this.#orphanGraceMs) return "waiting";
+      // No message behind it: a key it heads moves on first (the marker stays if that fails).
+      if (!await this.#passOn(entry.key, entry.id)) return "waiting";
       await this.#dropMarker(entry.markerKey, observed);
       return "dropped";
     }
     const decoded = codec.decodeRecord(got.value, entry.id);
     if (!decoded.ok || decoded.record.state === "dispatched" || decoded.record.state === "dead") {
-      // A corrupt record loses its marker: it is dead from now on (get/listDead/stats say so).
+      // A corrupt record loses its marker: it is dead from now on (get/listDead/stats say so),
+      // but never blocks its key. A dispatched head whose hand-over did not happen (a crash, a
+      // failed write) hands over now; a dead head keeps its key (blocked).
+      const key = decoded.ok ? decoded.record.orderingKey : entry.key;
+      if (!decoded.ok || decoded.record.state === "dispatched") {
+        const sequence = decoded.ok ? decoded.record.sequence : undefined;
+        if (!await this.#passOn(key, entry.id, sequence)) return "waiting";
+      }
       await this.#dropMarker(entry.markerKey, observed);
       return "dropped";
     }
@@ -912,6 +1046,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         const decoded = codec.decodeRecord(got.value, claim.id);
         if (!decoded.ok) return false;
         const verdict = verdictOf(decoded.record, mark);
+        if (
+          verdict === "applied" && mark.state === "dispatched" &&
+          decoded.record.orderingKey !== undefined
+        ) {
+          // A retried mark whose first attempt applied (its reply lost): finish its hand-over.
+          await this.#release(key, decoded.record, got.revision);
+        }
         if (verdict !== "apply") return verdict === "applied";
         current = { record: decoded.record, revision: got.revision };
       }
@@ -925,7 +1066,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         continue;
       }
       this.#claims.delete(claim.id);
-      await this.#afterMark(key, next, revision);
+      if (next.state === "dispatched") await this.#release(key, next, revision);
+      else await this.#afterMark(key, next, revision);
       return true;
     }
     return false;
@@ -936,8 +1078,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const markerKey = markerKeyOf(key);
     try {
       if (record.state === "failed") {
-        const marker: Marker = { v: 1, id: record.id, due: record.nextAttemptAt, rev: revision };
-        if (record.seq !== undefined) marker.seq = record.seq;
+        const marker = markerOf(record, { due: record.nextAttemptAt, rev: revision });
         this.#index.hint(markerKey, Date.parse(record.nextAttemptAt!), revision);
         this.#index.wroteMarker(markerKey, await this.#kv.put(markerKey, encodeJson(marker)));
       } else if (record.state === "dispatched") {
@@ -972,6 +1113,238 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       if (marker && marker.operation !== "PUT") await purge(markerKey, marker.revision);
     }
     return true;
+  }
+
+  /**
+   * After a dispatched mark: hands the message's key over (when it has one), then removes the
+   * marker. When the hand-over fails the marker stays (and is due now), so the next claim that
+   * reads it finds the record dispatched and hands over.
+   */
+  async #release(recordKey: string, record: StoredOutboxRecord, revision: number): Promise<void> {
+    if (record.orderingKey !== undefined) {
+      try {
+        await this.#handOver(record.orderingKey, record.id, record.sequence);
+      } catch {
+        // The write may have applied with its reply lost: the key entry says.
+        const handedOver = await this.#readKey(record.orderingKey).then(
+          (state) => state.value?.head !== record.id,
+          () => false,
+        );
+        if (!handedOver) {
+          this.#index.hint(markerKeyOf(recordKey), -Infinity, revision);
+          return;
+        }
+      }
+    }
+    await this.#afterMark(recordKey, record, revision);
+  }
+
+  /**
+   * Hands `key` over from `id` if `id` heads it (with the dispatched mark's `sequence`, if any);
+   * `false` when that failed (retry later).
+   */
+  async #passOn(
+    key: string | undefined,
+    id: string | undefined,
+    sequence?: number,
+  ): Promise<boolean> {
+    if (key === undefined || id === undefined) return true;
+    try {
+      await this.#handOver(key, id, sequence);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  /**
+   * Claims a due record; a keyed one only while it heads its key. The key's entry is taken
+   * from the index when the index has seen past the record's revision (the common case: free),
+   * else read after the record: either way it reflects the key as of after the record read, so
+   * the claim's compare-and-set on the record succeeds only while the record still heads its
+   * key (a head changes only when its record is settled, which moves the record's revision).
+   */
+  async #claimHead(
+    entry: ActiveEntry,
+    record: StoredOutboxRecord,
+    revision: number,
+    nowIso: string,
+    leaseUntil: string,
+    claimToken: string,
+  ): Promise<Claimed | undefined> {
+    if (record.orderingKey === undefined) {
+      return await this.#claimOne(entry, record, revision, nowIso, leaseUntil, claimToken);
+    }
+    const state = this.#index.revision() > revision
+      ? this.#index.keyState(record.orderingKey)
+      : await this.#readKey(record.orderingKey);
+    if (state?.value?.head !== record.id) return undefined;
+    const claimed = await this.#claimOne(entry, record, revision, nowIso, leaseUntil, claimToken);
+    // The key's sequence as of the entry that names this head: it changes only when the head
+    // is settled, which this claim's write just fenced.
+    if (claimed && state.value.seq !== undefined) claimed.message.keySequence = state.value.seq;
+    return claimed;
+  }
+
+  /**
+   * Every blocked key, longest blocked first, as of a sync of the index: keys whose head has no
+   * marker and whose head record is `dead`. A head left behind by a failed hand-over (its record
+   * dispatched, corrupt or gone) is handed over on the way.
+   */
+  async #blocked(): Promise<OutboxBlockedKey[]> {
+    await this.#index.sync();
+    const suspects = this.#index.keyStates().filter((state) => {
+      const head = state.value.head;
+      return head !== undefined &&
+        !this.#index.keyEntries(state.value.key).some((entry) => entry.id === head);
+    });
+    const found = await Promise.all(suspects.map(async (state) => {
+      const key = state.value.key;
+      const headId = state.value.head!;
+      const read = await this.#read(headId);
+      if (read?.ok && read.record.state === "dead" && read.record.orderingKey === key) {
+        const item: OutboxBlockedKey = {
+          key,
+          headId,
+          since: read.record.updatedAt,
+          waiting: this.#index.keyEntries(key).length,
+        };
+        if (read.record.lastError !== undefined) item.lastError = read.record.lastError;
+        return item;
+      }
+      if (!read?.ok || read.record.state === "dispatched") {
+        await this.#passOn(key, headId, read?.ok ? read.record.sequence : undefined);
+      }
+      return undefined;
+    }));
+    return found.filter((item): item is OutboxBlockedKey => item !== undefined)
+      .sort((a, b) => a.since < b.since ? -1 : a.since > b.since ? 1 : a.key < b.key ? -1 : 1);
+  }
+
+  /** Whether the index (synced by the caller) knows `record` as its key's head. */
+  #headsKey(record: StoredOutboxRecord): boolean {
+    return record.orderingKey === undefined ||
+      this.#index.keyState(record.orderingKey)?.value.head === record.id;
+  }
+
+  /** Joins a stored message to its key when it is keyed and still unsettled. */
+  async #joinIfActive(message: OutboxMessage): Promise<void> {
+    if (message.orderingKey === undefined) return;
+    if (message.state === "dispatched" || message.state === "dead") return;
+    await this.#joinKey(message.orderingKey, message.id);
+  }
+
+  /**
+   * Joins message `id` (stored and indexed) to its key: it becomes the key's head when the key
+   * has none (a create or compare-and-set of the key entry), else the entry is rewritten as is
+   * (a "touch"), so a hand-over that read the entry before cannot leave the key without a head
+   * while this message waits: its compare-and-set fails, and it reads again and sees the
+   * message. Idempotent: a retry after a lost reply finds itself head, or touches again.
+   */
+  async #joinKey(key: string, id: string): Promise<void> {
+    let state = await this.#knownKey(key);
+    let fresh = false;
+    for (let round = 1;; round++) {
+      if (state.value?.head === id) {
+        // Trusted only as read now: an index behind the bucket may still name a message that
+        // was skipped since (and is being requeued behind the key's new head).
+        if (fresh) return;
+        state = await this.#readKey(key);
+        fresh = true;
+        if (state.value?.head === id) return;
+      }
+      const value: KeyEntry = state.value?.head !== undefined
+        ? state.value
+        : { ...state.value, v: 1, key, head: id };
+      try {
+        await this.#writeKey(state, value);
+        return;
+      } catch (error) {
+        if (!isWrongLastSequence(error)) throw error;
+      }
+      await contention(key, round);
+      state = await this.#readKey(key);
+      fresh = true;
+    }
+  }
+
+  /**
+   * Hands `key` over from its head `from` (settled as dispatched, skipped, or gone) to the
+   * key's next message in enqueue order, the oldest of the key's markers in the index once the
+   * index has caught up with the key entry it read (every message that joined the key before
+   * that entry's revision has its marker in the index by then); with no next message the key
+   * keeps an entry without a head. A compare-and-set on the key entry: of two hand-overs only
+   * one moves the head, and a concurrent join makes it read again. Resolves `true` when this
+   * call moved the head, `false` when `from` was not (or no longer) the head.
+   */
+  async #handOver(key: string, from: string, sequence?: number | null): Promise<boolean> {
+    let state = await this.#knownKey(key);
+    let fresh = false;
+    for (let round = 1;; round++) {
+      if (state.value?.head !== from) {
+        if (fresh) return false;
+        state = await this.#readKey(key);
+        fresh = true;
+        if (state.value?.head !== from) return false;
+      }
+      await this.#index.caughtUp(state.revision);
+      const next = this.#index.nextOf(key, from);
+      const value: KeyEntry = { v: 1, key };
+      // A sequence given replaces the key's; `null` forgets it (a skipped dead head's).
+      const seq = sequence === undefined ? state.value.seq : sequence ?? undefined;
+      if (seq !== undefined) value.seq = seq;
+      if (next?.id !== undefined) value.head = next.id;
+      try {
+        await this.#kv.update(state.entryKey, encodeJson(value), state.revision);
+        return true;
+      } catch (error) {
+        if (!isWrongLastSequence(error)) throw error;
+      }
+      await contention(key, round);
+      state = await this.#readKey(key);
+      fresh = true;
+    }
+  }
+
+  /** Drops the key's sequence while `headId` (a dead message) heads the key. */
+  async #forgetSequence(key: string, headId: string): Promise<void> {
+    let state = await this.#knownKey(key);
+    for (let round = 1;; round++) {
+      if (state.value?.head !== headId && round === 1) state = await this.#readKey(key);
+      if (state.value?.head !== headId || state.value.seq === undefined) return;
+      const value: KeyEntry = { ...state.value };
+      delete value.seq;
+      try {
+        await this.#kv.update(state.entryKey, encodeJson(value), state.revision);
+        return;
+      } catch (error) {
+        if (!isWrongLastSequence(error)) throw error;
+      }
+      await contention(key, round);
+      state = await this.#readKey(key);
+    }
+  }
+
+  /** The key's entry as the index knows it (revision 0 when it knows none). */
+  async #knownKey(key: string): Promise<KeyRead> {
+    return this.#index.keyState(key) ?? { entryKey: await keyEntryKey(key), revision: 0 };
+  }
+
+  /** The key's entry as stored now (revision 0: none; `value` absent: deleted or damaged). */
+  async #readKey(key: string): Promise<KeyRead> {
+    const codec = await recordCodec();
+    const entryKey = await keyEntryKey(key);
+    const got = await this.#kv.get(entryKey);
+    if (!got) return { entryKey, revision: 0 };
+    const value = got.operation === "PUT" ? codec.decodeKeyEntry(got.value) : undefined;
+    return { entryKey, revision: got.revision, value: value?.key === key ? value : undefined };
+  }
+
+  /** Writes a key entry over exactly `state` (a create when there is none). */
+  async #writeKey(state: KeyRead, value: KeyEntry): Promise<number> {
+    return state.revision === 0
+      ? await this.#kv.create(state.entryKey, encodeJson(value))
+      : await this.#kv.update(state.entryKey, encodeJson(value), state.revision);
   }
 
   #remember(record: StoredOutboxRecord, revision: number): void {
@@ -1028,6 +1401,19 @@ function errorNamed(error: unknown, name: string): boolean {
   return false;
 }
 
+/** Compare-and-set rounds on one key entry before a join or hand-over gives up. */
+const maxKeyRounds = 64;
+
+/**
+ * After a lost compare-and-set on a key entry: gives up after {@linkcode maxKeyRounds}, else
+ * waits a little (random, growing) from the third round on, so busy writers spread out.
+ */
+async function contention(key: string, round: number): Promise<void> {
+  if (round >= maxKeyRounds) throw new NatsKvOrderingKeyError(key, round);
+  if (round < 3) return;
+  await new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(100, 5 * round)));
+}
+
 /** Most records a claim reads in one round when its index hints turn out stale. */
 const maxReadAhead = 512;
 
@@ -1046,6 +1432,9 @@ function applyMark(
       delete next.nextAttemptAt;
       delete next.lastError;
       if (mark.outcome !== undefined) next.outcome = structuredClone(mark.outcome);
+      if (mark.sequence !== undefined && record.orderingKey !== undefined) {
+        next.sequence = mark.sequence;
+      }
       break;
     case "failed":
       next.nextAttemptAt = mark.nextAttemptAt.toISOString();
@@ -1057,15 +1446,4 @@ function applyMark(
       break;
   }
   return next;
-}
-
-/** This store does not keep per-key order yet: a keyed record is refused before anything is stored. */
-function refuseOrderingKey(record: OutboxRecord): OutboxRecord {
-  if (record.orderingKey !== undefined) {
-    throw new OutboxValidationError(
-      "orderingKey",
-      "the NATS KV outbox does not support ordering keys yet; use the SQL or memory outbox for keyed messages",
-    );
-  }
-  return record;
 }

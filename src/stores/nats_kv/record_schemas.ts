@@ -18,6 +18,7 @@ import { validateOutboxRecord } from "../../core/validate.ts";
 import {
   type InboxEntry,
   isoPattern,
+  type KeyEntry,
   type Marker,
   type RecordDecoding,
   type StoredOutboxRecord,
@@ -55,6 +56,10 @@ export const StoredOutboxRecordSchema = Type.Object({
   seq: Type.Optional(Type.Integer({ minimum: 1 })),
   /** The fencing token of the latest claim, written by every claim, compared by every mark. */
   claimToken: Type.Optional(Type.String({ minLength: 1 })),
+  /** The ordering key (validated with the rest of the record by `validateOutboxRecord`). */
+  orderingKey: Type.Optional(Type.String({ minLength: 1 })),
+  /** The PubAck sequence of the dispatched mark of a keyed message. */
+  sequence: Type.Optional(Type.Integer({ minimum: 1 })),
 });
 
 /** Schema of an active-index marker (`q.<token>`). */
@@ -67,6 +72,18 @@ export const MarkerSchema = Type.Object({
   due: Type.Optional(Iso),
   /** The record revision this marker describes. */
   rev: Type.Optional(Type.Integer({ minimum: 1 })),
+  /** The message's ordering key. */
+  key: Type.Optional(Type.String({ minLength: 1 })),
+});
+
+/** Schema of an ordering key's entry (`q._k.<token>`). */
+export const KeyEntrySchema = Type.Object({
+  v: Type.Literal(1),
+  key: Type.String({ minLength: 1 }),
+  /** The key's head: the only message of the key a claim may take. */
+  head: Type.Optional(Type.String({ minLength: 1 })),
+  /** The key's last stream sequence (the PubAck of its last dispatched message). */
+  seq: Type.Optional(Type.Integer({ minimum: 1 })),
 });
 
 /** Schema of an inbox entry (`i.<consumer token>.<id token>`). */
@@ -86,6 +103,7 @@ const checkers = {
   record: lazy(() => Compile(StoredOutboxRecordSchema)),
   marker: lazy(() => Compile(MarkerSchema)),
   inbox: lazy(() => Compile(InboxEntrySchema)),
+  key: lazy(() => Compile(KeyEntrySchema)),
 };
 
 function lazy<T>(build: () => T): () => T {
@@ -161,6 +179,16 @@ export function decodeInboxEntry(value: Uint8Array): InboxEntry | undefined {
   try {
     const raw = JSON.parse(decoder.decode(value));
     return checkers.inbox().Check(raw) ? raw as InboxEntry : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Decodes an ordering key's entry; `undefined` when it does not match {@linkcode KeyEntrySchema}. */
+export function decodeKeyEntry(value: Uint8Array): KeyEntry | undefined {
+  try {
+    const raw = JSON.parse(decoder.decode(value));
+    return checkers.key().Check(raw) ? raw as KeyEntry : undefined;
   } catch {
     return undefined;
   }

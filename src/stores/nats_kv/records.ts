@@ -43,6 +43,13 @@ export interface StoredOutboxRecord {
   seq?: number;
   /** The fencing token of the latest claim (see `OutboxClaim`). */
   claimToken?: string;
+  /** The message's ordering key (see `OutboxRecord.orderingKey`). */
+  orderingKey?: string;
+  /**
+   * The PubAck's stream sequence of the dispatched mark that settled a keyed message, so a
+   * hand-over finished later (a retried mark, a claim healing it) records the same key sequence.
+   */
+  sequence?: number;
 }
 
 /** An active-index marker. */
@@ -52,6 +59,19 @@ export interface Marker {
   seq?: number;
   due?: string;
   rev?: number;
+  /** The message's ordering key, so the index knows the key's messages without reading them. */
+  key?: string;
+}
+
+/**
+ * The entry of one ordering key (`q._k.<token>`): its head, the only message of the key a claim
+ * may take (absent while the key has no unsettled message), and the key's last stream sequence.
+ */
+export interface KeyEntry {
+  v: 1;
+  key: string;
+  head?: string;
+  seq?: number;
 }
 
 /** An inbox entry. */
@@ -64,8 +84,18 @@ export interface InboxEntry {
 
 const encoder = new TextEncoder();
 
+/** The marker of an active record (its key, its enqueue order once known, `extra` fields). */
+export function markerOf(record: StoredOutboxRecord, extra: Partial<Marker> = {}): Marker {
+  const marker: Marker = { v: 1, id: record.id, ...extra };
+  if (record.seq !== undefined) marker.seq = record.seq;
+  if (record.orderingKey !== undefined) marker.key = record.orderingKey;
+  return marker;
+}
+
 /** Serialises a record (or marker, or inbox entry) for a KV value. */
-export function encodeJson(value: StoredOutboxRecord | Marker | InboxEntry): Uint8Array {
+export function encodeJson(
+  value: StoredOutboxRecord | Marker | InboxEntry | KeyEntry,
+): Uint8Array {
   return encoder.encode(JSON.stringify(value));
 }
 
@@ -92,6 +122,7 @@ export function toMessage(record: StoredOutboxRecord): OutboxMessage {
   if (record.lastError !== undefined) message.lastError = record.lastError;
   if (record.outcome !== undefined) message.outcome = structuredClone(record.outcome);
   if (record.claimToken !== undefined) message.claimToken = record.claimToken;
+  if (record.orderingKey !== undefined) message.orderingKey = record.orderingKey;
   return message;
 }
 
