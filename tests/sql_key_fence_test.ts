@@ -15,6 +15,7 @@ import {
   dispatchOutbox,
   migrate,
   nodeSqliteExecutor,
+  OutboxValidationError,
   postgresJsExecutor,
   type SqlExecutor,
   SqlOutboxRepository,
@@ -266,3 +267,25 @@ async function open(
     },
   };
 }
+
+Deno.test("the key fence's table name may not be the inbox's or the migrations table's", async () => {
+  for (
+    const tables of [{ outbox: "ob", inbox: "ob_keys" }, {
+      outbox: "ob",
+      inbox: "ib",
+      migrations: "OB_KEYS",
+    }]
+  ) {
+    assert.throws(() => resolveSqlOutboxTables(tables), OutboxValidationError);
+    // Before, migrate failed half way with "table ob_keys already exists".
+    const db = openSqlite(":memory:");
+    try {
+      await assert.rejects(
+        migrate(nodeSqliteExecutor(db), { dialect: "sqlite", tables }),
+        OutboxValidationError,
+      );
+    } finally {
+      db.close();
+    }
+  }
+});
