@@ -15,6 +15,7 @@ import {
   dispatchOutbox,
   migrate,
   nodeSqliteExecutor,
+  OutboxValidationError,
   postgresJsExecutor,
   type SqlExecutor,
   SqlOutboxRepository,
@@ -109,7 +110,12 @@ Deno.test("postgres: the claim reads key sequences through the key table's prima
       ).length,
       3,
     );
-    assert.ok(fence.some((node) => node["Index Name"] === `${o}_pkey`), "marks by primary key");
+    // The marks' rows are those the mark statement changed (its `settled` CTE), not re-read.
+    assert.ok(!fence.some((node) => node["Relation Name"] === o), "no read of the outbox");
+    assert.ok(
+      fence.some((node) => (node as { "CTE Name"?: string })["CTE Name"] === "settled"),
+      "the settled rows",
+    );
     assert.ok(fence.some((node) => node["Index Name"] === `${o}_keys_pkey`), "key rows by key");
     assert.ok(!fence.some((node) => node["Node Type"] === "Seq Scan"), JSON.stringify(fence));
     const [{ n }] = await sql.unsafe(`SELECT count(*)::int AS n FROM ${o}_keys`);
@@ -261,3 +267,25 @@ async function open(
     },
   };
 }
+
+Deno.test("the key fence's table name may not be the inbox's or the migrations table's", async () => {
+  for (
+    const tables of [{ outbox: "ob", inbox: "ob_keys" }, {
+      outbox: "ob",
+      inbox: "ib",
+      migrations: "OB_KEYS",
+    }]
+  ) {
+    assert.throws(() => resolveSqlOutboxTables(tables), OutboxValidationError);
+    // Before, migrate failed half way with "table ob_keys already exists".
+    const db = openSqlite(":memory:");
+    try {
+      await assert.rejects(
+        migrate(nodeSqliteExecutor(db), { dialect: "sqlite", tables }),
+        OutboxValidationError,
+      );
+    } finally {
+      db.close();
+    }
+  }
+});

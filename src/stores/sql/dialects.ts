@@ -43,7 +43,7 @@ export interface OutboxStatements {
   staleHeads: string;
   /**
    * The key fence (schema version 4), for batches in which a mark carries a `sequence` or is
-   * `dead`: for the keyed messages whose claim still holds, a dispatched mark's sequence becomes
+   * `dead`: for the keyed messages whose mark applies, a dispatched mark's sequence becomes
    * its key's `stream_seq`, a dead mark deletes its key's row. Postgres: `markManyRecordingKeys`
    * is `markMany` with that done in the same statement (same parameters and result); SQLite:
    * `keySequences` run in order before `markMany` ($1 the same JSON array of marks). The claim
@@ -132,19 +132,20 @@ export function outboxStatements(
 
 /**
  * Postgres: `markMany` with the key fence's recording in the same statement (one commit, and
- * atomic with the marks), as data-modifying CTEs in front of it. They read the marks' rows in
- * the statement's snapshot (still `claimed`), fenced as `markMany` fences them, so only marks
- * that apply record anything; at most one row per key (`DISTINCT ON`: an upsert may not touch a
- * row twice).
+ * atomic with the marks), as data-modifying CTEs after its `settled` CTE. They record only for
+ * the rows `settled` actually changed (its RETURNING): a CTE's plain read of the outbox would
+ * use the statement's snapshot, which under READ COMMITTED may still show a row `claimed` by a
+ * stale claim that `settled`'s re-check (after waiting on a row lock) finds superseded, and its
+ * old sequence would overwrite the key's newer one. At most one row per key (`DISTINCT ON`: an
+ * upsert may not touch a row twice).
  */
 function postgresRecordingKeys(markMany: string, t: ResolvedSqlOutboxTables): string {
-  const o = t.outbox;
   const keys = keySequencesTable(t);
   const ctes =
-    `fence_marks AS (SELECT * FROM json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, token text, state text, sequence bigint)), fence_hits AS (SELECT DISTINCT ON (t.ordering_key) t.ordering_key, m.state, m.sequence FROM ${o} AS t JOIN fence_marks AS m ON t.id = m.id WHERE t.ordering_key IS NOT NULL AND t.state || '' = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token AND t.attempts = m.attempts END) AND (m.state = 'dead' OR (m.state = 'dispatched' AND m.sequence IS NOT NULL)) ORDER BY t.ordering_key, t.seq DESC), fence_seen AS (INSERT INTO ${keys} AS k (ordering_key, stream_seq) SELECT ordering_key, sequence FROM fence_hits WHERE state = 'dispatched' ON CONFLICT (ordering_key) DO UPDATE SET stream_seq = excluded.stream_seq RETURNING 1), fence_forgot AS (DELETE FROM ${keys} WHERE ordering_key IN (SELECT ordering_key FROM fence_hits WHERE state = 'dead') RETURNING 1)`;
-  return /^WITH\s/i.test(markMany)
-    ? `WITH ${ctes}, ${markMany.replace(/^WITH\s+/i, "")}`
-    : `WITH ${ctes} ${markMany}`;
+    `fence_marks AS (SELECT * FROM json_to_recordset($1::text::json) AS m(id text, state text, sequence bigint)), fence_hits AS (SELECT DISTINCT ON (s.ordering_key) s.ordering_key, m.state, m.sequence FROM settled AS s JOIN fence_marks AS m ON s.id = m.id WHERE s.ordering_key IS NOT NULL AND (m.state = 'dead' OR (m.state = 'dispatched' AND m.sequence IS NOT NULL)) ORDER BY s.ordering_key, s.seq DESC), fence_seen AS (INSERT INTO ${keys} AS k (ordering_key, stream_seq) SELECT ordering_key, sequence FROM fence_hits WHERE state = 'dispatched' ON CONFLICT (ordering_key) DO UPDATE SET stream_seq = excluded.stream_seq RETURNING 1), fence_forgot AS (DELETE FROM ${keys} WHERE ordering_key IN (SELECT ordering_key FROM fence_hits WHERE state = 'dead') RETURNING 1)`;
+  const tail = " SELECT id, seq, stale FROM settled";
+  if (!markMany.endsWith(tail)) throw new Error("markMany does not end with its SELECT");
+  return `${markMany.slice(0, -tail.length)}, ${ctes}${tail}`;
 }
 
 const insertColumns =
@@ -249,7 +250,7 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     // enqueue still in flight can no longer be missed (see keyLockArgs).
     markMany: `WITH nexts AS (SELECT h.id, ${
       nextOf("h")
-    } AS next FROM ${o} AS h WHERE h.id IN (SELECT m.id FROM ${marks} WHERE m.state = 'dispatched') AND h.key_head AND h.ordering_key IS NOT NULL), settled AS (UPDATE ${o} AS t SET state = m.state, updated_at = $2::timestamptz, next_attempt_at = m.next, last_error = CASE WHEN m.state = 'dispatched' THEN NULL ELSE m.error END, outcome = CASE WHEN m.outcome IS NULL THEN t.outcome ELSE m.outcome::jsonb END, key_head = CASE WHEN n.next IS NULL THEN t.key_head ELSE false END FROM ${marks} LEFT JOIN nexts AS n ON n.id = m.id WHERE t.id = m.id AND t.state || '' = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token AND t.attempts = m.attempts END) RETURNING t.id, t.seq, t.ordering_key IS NOT NULL AND t.key_head AND t.state = 'dispatched' AS stale, n.next), promoted AS (UPDATE ${o} AS w SET key_head = true WHERE w.id IN (SELECT next FROM settled WHERE next IS NOT NULL) RETURNING 1) SELECT id, seq, stale FROM settled`,
+    } AS next FROM ${o} AS h WHERE h.id IN (SELECT m.id FROM ${marks} WHERE m.state = 'dispatched') AND h.key_head AND h.ordering_key IS NOT NULL), settled AS (UPDATE ${o} AS t SET state = m.state, updated_at = $2::timestamptz, next_attempt_at = m.next, last_error = CASE WHEN m.state = 'dispatched' THEN NULL ELSE m.error END, outcome = CASE WHEN m.outcome IS NULL THEN t.outcome ELSE m.outcome::jsonb END, key_head = CASE WHEN n.next IS NULL THEN t.key_head ELSE false END FROM ${marks} LEFT JOIN nexts AS n ON n.id = m.id WHERE t.id = m.id AND t.state || '' = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token AND t.attempts = m.attempts END) RETURNING t.id, t.seq, t.ordering_key, t.ordering_key IS NOT NULL AND t.key_head AND t.state = 'dispatched' AS stale, n.next), promoted AS (UPDATE ${o} AS w SET key_head = true WHERE w.id IN (SELECT next FROM settled WHERE next IS NOT NULL) RETURNING 1) SELECT id, seq, stale FROM settled`,
     markApplied:
       `SELECT t.id FROM ${o} AS t JOIN json_to_recordset($1::text::json) AS m(id text, attempts integer, token text, state text) ON t.id = m.id WHERE t.claim_token = m.token AND t.attempts = m.attempts AND t.state = m.state`,
     heldStale:

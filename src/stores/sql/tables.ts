@@ -93,7 +93,8 @@ export const maxSqlTableNameLength = 48;
 /**
  * Validates and completes table names (defaults for missing names). Throws
  * `OutboxValidationError` with field `tables.<name>` for anything but a plain identifier
- * (`^[A-Za-z_][A-Za-z0-9_]*$`, at most 48 characters), and when two names coincide.
+ * (`^[A-Za-z_][A-Za-z0-9_]*$`, at most 48 characters), and when two names coincide (or one is
+ * `<outbox>_keys`, the key fence's table).
  */
 export function resolveSqlOutboxTables(tables?: Partial<SqlOutboxTables>): ResolvedSqlOutboxTables {
   if (tables !== undefined && (tables === null || typeof tables !== "object")) {
@@ -102,11 +103,13 @@ export function resolveSqlOutboxTables(tables?: Partial<SqlOutboxTables>): Resol
   const outbox = checkName("outbox", tables?.outbox ?? defaultSqlOutboxTables.outbox);
   const inbox = checkName("inbox", tables?.inbox ?? defaultSqlOutboxTables.inbox);
   const migrations = checkName("migrations", tables?.migrations ?? `${outbox}_migrations`);
-  const names = [outbox, inbox, migrations].map((name) => name.toLowerCase());
+  // `<outbox>_keys` is the key fence's table (schema version 4): another table of that name
+  // would make migrate fail half way.
+  const names = [outbox, inbox, migrations, `${outbox}_keys`].map((name) => name.toLowerCase());
   if (new Set(names).size !== names.length) {
     throw new OutboxValidationError(
       "tables",
-      `SQL table names must differ (case-insensitively): ${outbox}, ${inbox}, ${migrations}`,
+      `SQL table names must differ (case-insensitively), and from ${outbox}_keys (the key fence's table): ${outbox}, ${inbox}, ${migrations}`,
     );
   }
   return Object.freeze({ outbox, inbox, migrations });
