@@ -138,6 +138,37 @@ Deno.test("key fence: the publish carries the expectation; a message on the key'
   }
 });
 
+Deno.test("key fence: when the key's previous message was removed from the stream (deleted, then purged), the next one is still dispatched in order, fenced on what is left", async () => {
+  const nc = await connectNats();
+  try {
+    await using stream = await createTestStream(nc);
+    const jsm = await jetstreamManager(nc);
+    const subject = `${stream.prefix}.order-9`;
+    const outbox = new MemoryOutboxRepository();
+    const [a, b, c, d] = ["a", "b", "c", "d"].map((tag) => keyed(subject, "order-9", tag));
+    for (const record of [a, b, c, d]) await outbox.enqueue(record);
+    const runtime = createJetStreamRuntime(jetstream(nc));
+    const options = { keyFence: "subject" as const, limit: 10 };
+    // a, then b (fenced on a).
+    assert.equal((await dispatchOutbox(outbox, runtime, options)).dispatched, 1);
+    assert.equal((await dispatchOutbox(outbox, runtime, options)).dispatched, 1);
+    const seqB = (await jsm.streams.getMessage(stream.name, { last_by_subj: subject }))!.seq;
+    // b (the key's previous message) is removed: c expects it, finds a older, goes again on a.
+    await jsm.streams.deleteMessage(stream.name, seqB);
+    const third = await dispatchOutbox(outbox, runtime, options);
+    assert.equal(third.dispatched, 1, `nats-server ${serverVersion(nc)}: ${JSON.stringify(third)}`);
+    assert.deepEqual(await streamIds(nc, stream.name), [a.id, c.id]);
+    // Now the subject is emptied: d expects c, finds nothing, goes again expecting 0.
+    await jsm.streams.purge(stream.name, { filter: subject });
+    assert.equal((await dispatchOutbox(outbox, runtime, options)).dispatched, 1);
+    assert.deepEqual(await streamIds(nc, stream.name), [d.id]);
+    assert.equal((await outbox.get(d.id))?.state, "dispatched");
+    assert.deepEqual(await outbox.blockedKeys(), []);
+  } finally {
+    await nc.close();
+  }
+});
+
 Deno.test("key fence: the runtime sends Nats-Expected-Last-Subject-Sequence (a wrong one is refused, the right one stored)", async () => {
   const nc = await connectNats();
   try {
@@ -153,21 +184,23 @@ Deno.test("key fence: the runtime sends Nats-Expected-Last-Subject-Sequence (a w
       headers: {},
     });
     const first = await runtime.publishPreparedEvent(event("h-1"));
+    const second = await runtime.publishPreparedEvent(event("h-1b"));
+    // Expecting h-1 while h-1b (newer, not this message) is last: refused.
     await assert.rejects(
-      runtime.publishPreparedEvent(event("h-2"), { expectedLastSubjectSequence: first.seq + 5 }),
+      runtime.publishPreparedEvent(event("h-2"), { expectedLastSubjectSequence: first.seq }),
       (error: OutboxPublishError) => error.kind === "permanent" && error.code === "key_fence",
     );
     // A stored header of the same name is not the fence: it is dropped.
     const stored = await runtime.publishPreparedEvent(
       { ...event("h-3"), headers: { "Nats-Expected-Last-Subject-Sequence": "999" } },
-      { expectedLastSubjectSequence: first.seq },
+      { expectedLastSubjectSequence: second.seq },
     );
-    assert.equal(stored.seq, first.seq + 1);
+    assert.equal(stored.seq, second.seq + 1);
     await assert.rejects(
       runtime.publishPreparedEvent(event("h-4"), { expectedLastSubjectSequence: 0 }),
       { code: "invalid_argument" },
     );
-    assert.deepEqual(await streamIds(nc, stream.name), ["h-1", "h-3"]);
+    assert.deepEqual(await streamIds(nc, stream.name), ["h-1", "h-1b", "h-3"]);
   } finally {
     await nc.close();
   }
@@ -309,13 +342,21 @@ for (const sequenceFirst of [true, false]) {
   });
 }
 
-Deno.test("key fence (fake server): an empty subject is a conflict; a lookup that fails is retryable; without an expectation nothing is looked up", async () => {
-  const empty = createJetStreamRuntime(fakeClient(null, true).js, { publisher: "js.publish" });
-  await assert.rejects(
-    empty.publishPreparedEvent(fakeEvent, { expectedLastSubjectSequence: 7 }),
-    (error: OutboxPublishError) =>
-      error.code === "key_fence" && /no message on the subject/.test(error.message),
+Deno.test("key fence (fake server): a removed previous message is published again expecting what is left; a lookup that fails is retryable; without an expectation nothing is looked up", async () => {
+  const emptied = fakeClient(null, true);
+  const empty = createJetStreamRuntime(emptied.js, { publisher: "js.publish" });
+  assert.equal(
+    (await empty.publishPreparedEvent(fakeEvent, { expectedLastSubjectSequence: 7 })).seq,
+    1,
   );
+  assert.deepEqual(emptied.published, [{ id: "m-2", expected: "7" }, { id: "m-2", expected: "0" }]);
+  const older = fakeClient({ id: "kept", seq: 5 }, true);
+  const trimmed = createJetStreamRuntime(older.js, { publisher: "js.publish" });
+  assert.equal(
+    (await trimmed.publishPreparedEvent(fakeEvent, { expectedLastSubjectSequence: 7 })).seq,
+    6,
+  );
+  assert.deepEqual(older.published, [{ id: "m-2", expected: "7" }, { id: "m-2", expected: "5" }]);
   const blind = createJetStreamRuntime(fakeClient({ id: "m-2", seq: 8 }, true, "fails").js, {
     publisher: "js.publish",
   });

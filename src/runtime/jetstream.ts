@@ -257,28 +257,52 @@ export function createJetStreamRuntime(
       }
       const expected = checkedExpectation(delivery?.expectedLastSubjectSequence);
       let ack;
-      try {
-        // Inside the try: a header nats.js refuses (a row written behind the validator's back)
-        // is classified like any other invalid argument, permanent.
-        const messageHeaders = natsHeaders();
-        messageHeaders.set(outboxHeaders.messageId, id);
-        for (const [name, value] of Object.entries(event.headers)) {
-          // The event id above is the Nats-Msg-Id (validation keeps a stored one equal to it);
-          // the fence's expectation is the dispatcher's, never a stored header's.
-          const lower = name.toLowerCase();
-          if (lower === messageIdLower || lower === expectationLower) continue;
-          messageHeaders.set(name, value);
+      // The key's previous message can have been removed from the stream (limits, retention, a
+      // delete): then the publish goes again, expecting the subject's last message now (0: none).
+      // Twice at most: a second removal in between is a retryable failure.
+      let expecting = expected;
+      for (let round = 0; ack === undefined; round++) {
+        try {
+          // Inside the try: a header nats.js refuses (a row written behind the validator's back)
+          // is classified like any other invalid argument, permanent.
+          const messageHeaders = natsHeaders();
+          messageHeaders.set(outboxHeaders.messageId, id);
+          for (const [name, value] of Object.entries(event.headers)) {
+            // The event id above is the Nats-Msg-Id (validation keeps a stored one equal to it);
+            // the fence's expectation is the dispatcher's, never a stored header's.
+            const lower = name.toLowerCase();
+            if (lower === messageIdLower || lower === expectationLower) continue;
+            messageHeaders.set(name, value);
+          }
+          if (expecting !== undefined) {
+            messageHeaders.set(expectedLastSubjectSequenceHeader, String(expecting));
+          }
+          ack = await send(event.subject, event.encodedPayload, messageHeaders, timeout);
+        } catch (error) {
+          if (expecting === undefined || !isFenceRefusal(error)) {
+            throw await scopes.refine(event.subject, classifyJetStreamError(error));
+          }
+          // The key fence refused it: this message stored by an earlier attempt, the key's
+          // previous message removed, or a conflict (thrown).
+          const refusal = await recogniseFenceRefusal(
+            managed,
+            event.subject,
+            id,
+            expecting,
+            error,
+          );
+          if (refusal.kind === "stored") {
+            ack = refusal.receipt;
+          } else if (round === 0) {
+            expecting = refusal.last;
+          } else {
+            throw new OutboxPublishError(
+              "retryable",
+              `the key fence refused the publish to ${event.subject} twice: the subject's last message was removed again while it was sent`,
+              { code: "key_fence_unverified", cause: error },
+            );
+          }
         }
-        if (expected !== undefined) {
-          messageHeaders.set(expectedLastSubjectSequenceHeader, String(expected));
-        }
-        ack = await send(event.subject, event.encodedPayload, messageHeaders, timeout);
-      } catch (error) {
-        if (expected === undefined || !isFenceRefusal(error)) {
-          throw await scopes.refine(event.subject, classifyJetStreamError(error));
-        }
-        // The key fence refused it: this message stored by an earlier attempt, or a conflict.
-        ack = await recogniseFenceRefusal(managed, event.subject, id, expected, error);
       }
       scopes.learn(event.subject, ack.stream);
       const receipt = { duplicate: ack.duplicate === true, stream: ack.stream, seq: ack.seq };

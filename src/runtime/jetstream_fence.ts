@@ -10,9 +10,14 @@
  *   and this retry was checked against the sequence before the duplicate window (nats-server
  *   2.12+ standalone checks the sequence first; 2.9 to 2.11 answer such a retry with a duplicate
  *   PubAck instead). It is a success, with the stored sequence;
- * - it is another message: something else published to the key's subject (another publisher,
- *   another key mapped to the same subject, a purge). Retrying cannot help: `permanent`,
- *   `key_fence`.
+ * - it is an OLDER message than the expected one, or there is none: the key's previous message
+ *   was removed from the stream (a limit such as `max_age` or `max_msgs`, work-queue or interest
+ *   retention, a delete or purge) and nothing was published to the subject since. Removing
+ *   messages cannot reorder the ones that remain, so the publish is sent again expecting that
+ *   older message (or, with none, an empty subject: expectation 0);
+ * - it is a newer message that is not ours: something else published to the key's subject
+ *   (another publisher, another key mapped to the same subject). Retrying cannot help:
+ *   `permanent`, `key_fence`.
  *
  * @module
  */
@@ -36,10 +41,19 @@ export function isFenceRefusal(error: unknown): boolean {
   );
 }
 
+/** What a fence refusal turned out to be, when it is not a conflict. Internal. */
+export type FenceRefusal =
+  /** An earlier attempt of this message is the last one on the subject. */
+  | { kind: "stored"; receipt: { stream: string; seq: number; duplicate: true } }
+  /** The key's previous message is gone; `last` is the subject's last sequence now (0: none). */
+  | { kind: "removed"; last: number };
+
 /**
- * After a fence refusal: the receipt of this message if it is the last one on `subject` (an
- * earlier attempt was stored), else a `permanent` `key_fence` error; a lookup that fails is a
- * `retryable` `key_fence_unverified` error (the next attempt publishes with the same
+ * After a fence refusal: `stored` with the receipt of this message if it is the last one on
+ * `subject` (an earlier attempt was stored); `removed` when the subject's last message is older
+ * than `expected` or there is none (the key's previous message was removed, and nothing newer
+ * came: publish again expecting `last`); else a `permanent` `key_fence` error. A lookup that
+ * fails is a `retryable` `key_fence_unverified` error (the next attempt publishes with the same
  * expectation and checks again). Internal.
  */
 export async function recogniseFenceRefusal(
@@ -48,7 +62,7 @@ export async function recogniseFenceRefusal(
   id: string,
   expected: number,
   refusal: unknown,
-): Promise<{ stream: string; seq: number; duplicate: true }> {
+): Promise<FenceRefusal> {
   let stream: string;
   let last;
   try {
@@ -67,7 +81,11 @@ export async function recogniseFenceRefusal(
   }
   const lastId = last?.header?.get(outboxHeaders.messageId) || undefined;
   if (last && lastId === id && Number.isSafeInteger(last.seq) && last.seq > 0) {
-    return { stream, seq: last.seq, duplicate: true };
+    return { kind: "stored", receipt: { stream, seq: last.seq, duplicate: true } };
+  }
+  if (!last) return { kind: "removed", last: 0 };
+  if (Number.isSafeInteger(last.seq) && last.seq > 0 && last.seq < expected) {
+    return { kind: "removed", last: last.seq };
   }
   const found = last
     ? `is sequence ${last.seq} (${
@@ -76,7 +94,7 @@ export async function recogniseFenceRefusal(
     : "does not exist (no message on the subject)";
   throw new OutboxPublishError(
     "permanent",
-    `the key fence refused the publish to ${subject}: it expected the key's previous message at stream sequence ${expected}, but the last message on the subject ${found}. Something else published to the key's subject (another publisher, or another ordering key mapped to the same subject), or the stream was purged or recreated. The key is blocked behind this message; retry or skip it (unblockKey) to publish the key's next message without a fence`,
+    `the key fence refused the publish to ${subject}: it expected the key's previous message at stream sequence ${expected}, but the last message on the subject ${found}. Something else published to the key's subject (another publisher, or another ordering key mapped to the same subject), or the stream was recreated. The key is blocked behind this message; retry or skip it (unblockKey) to publish the key's next message without a fence`,
     { code: "key_fence", cause: refusal },
   );
 }
