@@ -76,6 +76,7 @@ const { values: args } = parseArgs({
     publisher: { type: "string" },
     limit: { type: "string" },
     "max-in-flight": { type: "string" },
+    baseline: { type: "string" },
   },
 });
 const count = Number(args.count);
@@ -92,6 +93,14 @@ const dispatcherOptions = {
   maxInFlight: args["max-in-flight"] === undefined ? undefined : Number(args["max-in-flight"]),
 };
 const only = args.only ? new Set(args.only.split(",")) : undefined;
+/**
+ * `--baseline=DIR`: a checkout of another version of the library (`git archive <rev> | tar -x -C
+ * DIR`); every selected dispatcher scenario also runs with DIR's scenario script (so DIR's
+ * library), right after the current one in each round, on a store prepared the same way.
+ */
+const baseline = args.baseline === undefined ? undefined : Deno.realPathSync(args.baseline);
+/** The dispatcher scenarios that get a baseline twin. */
+const baselineIds = new Set(["pg", "pg-keys", "pg-1key", "sqlite", "kv", "memory"]);
 const wanted = (id: string) => only === undefined || only.has(id);
 
 // --- scenarios -------------------------------------------------------------------------------
@@ -99,6 +108,8 @@ const wanted = (id: string) => only === undefined || only.has(id);
 interface Scenario {
   id: string;
   label: string;
+  /** The checkout whose scenario scripts run (`--baseline`); this one when not given. */
+  root?: string;
   /** Prepares the store and stream, returns the subprocess file and config, and a check. */
   prepare(): Promise<Prepared>;
 }
@@ -129,6 +140,14 @@ async function main(): Promise<void> {
   const jsm = await jetstreamManager(nc);
   const database = await createBenchDatabase("throughput", servers.postgresUrl);
   const sql = postgres(database.url, { max: 2, onnotice: () => {} });
+  const postmaster = await postmasterPid(sql);
+  /**
+   * CPU seconds used so far by the Postgres server (the postmaster, its live processes, and the
+   * ones it reaped), when it runs on this machine; `undefined` otherwise. Only meaningful with a
+   * private server: a shared one also counts everybody else's work.
+   */
+  const postgresCpuSeconds = (): number | undefined =>
+    postmaster === undefined ? undefined : processTreeCpuSeconds(postmaster);
 
   async function stream(
     on: { jsm: typeof jsm; config: Record<string, unknown> } = { jsm, config: {} },
@@ -499,13 +518,20 @@ async function main(): Promise<void> {
   /** Extra `deno run` flags for the scenario processes, e.g. `--cpu-prof --cpu-prof-dir=.tmp/prof`. */
   const childFlags = (Deno.env.get("BENCH_CHILD_FLAGS") ?? "").split(" ").filter(Boolean);
 
-  async function runChild(file: string, config: unknown): Promise<ScenarioResult> {
+  async function runChild(
+    file: string,
+    config: unknown,
+    root?: string,
+  ): Promise<ScenarioResult> {
+    const script = root === undefined
+      ? new URL(`./throughput/${file}`, import.meta.url).pathname
+      : `${root}/bench/throughput/${file}`;
     const output = await new Deno.Command(Deno.execPath(), {
       args: [
         "run",
         "-A",
         ...childFlags,
-        new URL(`./throughput/${file}`, import.meta.url).pathname,
+        script,
         JSON.stringify({ ...dispatcherOptions, publisher, ...(config as object), noAsyncTraces }),
       ],
       stdout: "piped",
@@ -525,11 +551,16 @@ async function main(): Promise<void> {
   async function run(scenario: Scenario): Promise<ScenarioResult> {
     const prepared = await scenario.prepare();
     let result: ScenarioResult;
+    const serverCpu = postgresCpuSeconds();
     try {
-      result = await runChild(prepared.file, prepared.config);
+      result = await runChild(prepared.file, prepared.config, scenario.root);
     } catch (error) {
       await prepared.finish().catch(() => {});
       throw error;
+    }
+    const serverCpuAfter = postgresCpuSeconds();
+    if (serverCpu !== undefined && serverCpuAfter !== undefined) {
+      result.serverCpuSeconds = serverCpuAfter - serverCpu;
     }
     await prepared.finish();
     return result;
@@ -579,6 +610,10 @@ async function main(): Promise<void> {
   };
   const cpuPerMessage = (r: ScenarioResult) =>
     r.cpuSeconds === undefined ? "-" : (r.cpuSeconds * 1e6 / r.messages).toFixed(1);
+  const serverCpuPerMessage = (r: ScenarioResult) =>
+    typeof r.serverCpuSeconds !== "number"
+      ? "-"
+      : (r.serverCpuSeconds * 1e6 / r.messages).toFixed(1);
   const fmt = (n: number) => Math.round(n).toLocaleString("en");
   const ratio = (
     n: number | undefined,
@@ -684,14 +719,22 @@ async function main(): Promise<void> {
       }
     }
 
-    const selected = scenarios.filter((s) => wanted(s.id));
+    const selected = scenarios.filter((s) => wanted(s.id)).flatMap((s) =>
+      baseline !== undefined && baselineIds.has(s.id)
+        ? [s, { ...s, id: `${s.id}@base`, label: `${s.label} [baseline]`, root: baseline }]
+        : [s]
+    );
     for (let round = 1; round <= rounds && selected.length > 0; round++) {
       for (const scenario of selected) {
         const result = await run(scenario);
         console.error(
           `round ${round}/${rounds}: ${scenario.label}: ${fmt(rate(result))} msg/s, ${
             cpuPerMessage(result)
-          } µs CPU/msg, peak RSS ${mb(result.peakRss)} MB (load ${loadAverage()})`,
+          } µs CPU/msg${
+            result.serverCpuSeconds === undefined
+              ? ""
+              : ` (Postgres ${serverCpuPerMessage(result)} µs/msg)`
+          }, peak RSS ${mb(result.peakRss)} MB (load ${loadAverage()})`,
         );
         results.set(scenario.id, [...(results.get(scenario.id) ?? []), result]);
       }
@@ -711,10 +754,10 @@ async function main(): Promise<void> {
           records("x", "p", 1)[0].payload.length
         } bytes, 16 subjects, Nats-Msg-Id on every message; median of ${rounds} round(s) (min - max):`,
         "",
-        "| scenario | msg/s | ratio to (a) | ratio to (b) | peak RSS (MB) |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| scenario | msg/s | ratio to (a) | ratio to (b) | CPU µs/msg | Postgres CPU µs/msg | peak RSS (MB) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
       );
-      for (const scenario of scenarios) {
+      for (const scenario of selected) {
         const list = results.get(scenario.id);
         if (!list) continue;
         const rates = list.map(rate);
@@ -723,10 +766,14 @@ async function main(): Promise<void> {
           ? ` (${fmt(Math.min(...rates))} - ${fmt(Math.max(...rates))})`
           : "";
         const peak = Math.max(...list.map((r) => r.peakRss ?? 0));
+        const medianOf = (f: (r: ScenarioResult) => string) => {
+          const values = list.map(f).filter((v) => v !== "-").map(Number);
+          return values.length === 0 ? "-" : median(values).toFixed(1);
+        };
         lines.push(
           `| ${scenario.label} | ${fmt(m)}${range} | ${ratio(a && m / a)} | ${
             ratio(b && m / b)
-          } | ${mb(peak)} |`,
+          } | ${medianOf(cpuPerMessage)} | ${medianOf(serverCpuPerMessage)} | ${mb(peak)} |`,
         );
       }
       const pg = medianRate("pg");
@@ -829,4 +876,52 @@ async function main(): Promise<void> {
     await nc.close();
     await database.drop();
   }
+}
+
+/** The pid of the Postgres postmaster when it runs on this machine (its backend's parent). */
+async function postmasterPid(sql: postgres.Sql): Promise<number | undefined> {
+  try {
+    const [row] = await sql`SELECT pg_backend_pid() AS pid`;
+    const backend = procStat(Number(row.pid));
+    if (backend?.comm !== "postgres") return undefined;
+    return procStat(backend.ppid)?.comm === "postgres" ? backend.ppid : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+interface ProcStat {
+  comm: string;
+  ppid: number;
+  /** utime + stime, and cutime + cstime (reaped children), in clock ticks. */
+  own: number;
+  children: number;
+}
+
+function procStat(pid: number): ProcStat | undefined {
+  try {
+    const text = Deno.readTextFileSync(`/proc/${pid}/stat`);
+    const close = text.lastIndexOf(")");
+    const comm = text.slice(text.indexOf("(") + 1, close);
+    // Fields after the command: state ppid ... utime(14) stime(15) cutime(16) cstime(17).
+    const fields = text.slice(close + 2).split(" ");
+    const field = (n: number) => Number(fields[n - 3]);
+    return { comm, ppid: field(4), own: field(14) + field(15), children: field(16) + field(17) };
+  } catch {
+    return undefined;
+  }
+}
+
+/** CPU seconds of `root`, its live children and the children it reaped (clock ticks of 10 ms). */
+function processTreeCpuSeconds(root: number): number | undefined {
+  const top = procStat(root);
+  if (!top) return undefined;
+  let ticks = top.own + top.children;
+  for (const entry of Deno.readDirSync("/proc")) {
+    const pid = Number(entry.name);
+    if (!Number.isInteger(pid) || pid === root) continue;
+    const stat = procStat(pid);
+    if (stat?.ppid === root) ticks += stat.own;
+  }
+  return ticks / 100;
 }
