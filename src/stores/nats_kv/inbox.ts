@@ -18,7 +18,7 @@ import type {
 import { isWrongLastSequence } from "./errors.ts";
 import { inboxKey, inboxPrefix } from "./keys.ts";
 import { encodeJson, type InboxEntry, recordCodec } from "./records.ts";
-import { rawPurger, removeIfUnchanged, scanLatest } from "./scan.ts";
+import { mapInFlight, rawPurger, removalsInFlight, removeIfUnchanged, scanLatest } from "./scan.ts";
 
 /**
  * Options of {@linkcode NatsKvInboxRepository}.
@@ -144,8 +144,10 @@ export class NatsKvInboxRepository implements InboxRepository, InboxAdmin {
     let removed = 0;
     for (let start = 0; start < victims.length; start += batchSize) {
       const batch = victims.slice(start, start + batchSize);
-      const done = await Promise.all(
-        batch.map((entry) => removeIfUnchanged(this.#kv, purge, entry.key, entry.revision)),
+      const done = await mapInFlight(
+        batch,
+        removalsInFlight,
+        (entry) => removeIfUnchanged(this.#kv, purge, entry.key, entry.revision),
       );
       removed += done.filter(Boolean).length;
     }

@@ -82,7 +82,7 @@ import {
   type StoredOutboxRecord,
   toMessage,
 } from "./records.ts";
-import { rawPurger, removeIfUnchanged, scanLatest } from "./scan.ts";
+import { mapInFlight, rawPurger, removalsInFlight, removeIfUnchanged, scanLatest } from "./scan.ts";
 
 /**
  * Options of {@linkcode NatsKvOutboxRepository}.
@@ -505,7 +505,11 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         const batch = entries.slice(start, start + batchSize);
         if (options.dryRun) result[state] += batch.length;
         else {
-          const removed = await Promise.all(batch.map((entry) => this.#remove(entry, purge)));
+          const removed = await mapInFlight(
+            batch,
+            removalsInFlight,
+            (entry) => this.#remove(entry, purge),
+          );
           result[state] += removed.filter(Boolean).length;
         }
         options.onProgress?.({ ...result });

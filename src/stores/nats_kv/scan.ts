@@ -96,3 +96,31 @@ export async function removeIfUnchanged(
     throw error;
   }
 }
+
+/**
+ * How many removals a prune keeps in flight. Each is a JetStream API request, and the server
+ * answers those one at a time: a whole batch at once (1,000 by default) queued so long on a busy
+ * server that the last requests timed out. Internal.
+ */
+export const removalsInFlight = 32;
+
+/**
+ * `fn` over `items` with at most `limit` calls in flight; results in input order. The first
+ * rejection rejects the whole (calls already started still run to their end). Internal.
+ */
+export async function mapInFlight<T, R>(
+  items: readonly T[],
+  limit: number,
+  fn: (item: T) => Promise<R>,
+): Promise<R[]> {
+  const results = new Array<R>(items.length);
+  let next = 0;
+  const worker = async () => {
+    while (next < items.length) {
+      const index = next++;
+      results[index] = await fn(items[index]);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
+  return results;
+}
