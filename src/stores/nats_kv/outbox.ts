@@ -173,6 +173,12 @@ interface Cached {
   record: StoredOutboxRecord;
 }
 
+/** A message as `enqueue` stored (or found) it, with the revision of the marker it wrote. */
+interface Stored {
+  message: OutboxMessage;
+  markerRevision?: number;
+}
+
 type Claimed = { order: number; message: OutboxMessage };
 
 /** An ordering key's entry as read (or as the index knows it); revision 0: no entry. */
@@ -235,7 +241,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const prepared = this.#prepare(valid, new Date());
     const stored = await this.#store(valid, prepared, undefined, options.contextHeaders);
     await this.#joinIfActive(stored);
-    return stored;
+    return stored.message;
   }
 
   /**
@@ -275,17 +281,18 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     );
     // Then each keyed message joins its key, in input order per key (the first of a key without
     // a head becomes the head); keys at once.
-    const byKey = new Map<string, OutboxMessage[]>();
-    for (const message of stored) {
-      if (message.orderingKey === undefined) continue;
-      const queue = byKey.get(message.orderingKey);
-      if (queue) queue.push(message);
-      else byKey.set(message.orderingKey, [message]);
+    const byKey = new Map<string, Stored[]>();
+    for (const item of stored) {
+      const orderingKey = item.message.orderingKey;
+      if (orderingKey === undefined) continue;
+      const queue = byKey.get(orderingKey);
+      if (queue) queue.push(item);
+      else byKey.set(orderingKey, [item]);
     }
     await Promise.all([...byKey.values()].map(async (queue) => {
-      for (const message of queue) await this.#joinIfActive(message);
+      for (const item of queue) await this.#joinIfActive(item);
     }));
-    const byId = new Map(stored.map((message) => [message.id, message]));
+    const byId = new Map(stored.map(({ message }) => [message.id, message]));
     return valid.map((record) => structuredClone(byId.get(record.id)!));
   }
 
@@ -699,8 +706,11 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       if (isWrongLastSequence(error)) return 0;
       throw error;
     }
-    await this.#kv.put(markerKeyOf(key), encodeJson(markerOf(next, { rev: written })));
-    if (next.orderingKey !== undefined) await this.#joinKey(next.orderingKey, next.id);
+    const marked = await this.#kv.put(
+      markerKeyOf(key),
+      encodeJson(markerOf(next, { rev: written })),
+    );
+    if (next.orderingKey !== undefined) await this.#joinKey(next.orderingKey, next.id, marked);
     return 1;
   }
 
@@ -871,7 +881,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     prepared: { stored: StoredOutboxRecord; bytes: Uint8Array },
     knownKey?: string,
     contextHeaders?: Iterable<string>,
-  ): Promise<OutboxMessage> {
+  ): Promise<Stored> {
     const codec = await recordCodec();
     // No await before the writes when the key is known: callers rely on the issue order.
     const key = knownKey ?? await outboxRecordKey(record.id);
@@ -893,7 +903,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         // caller, whose retried enqueue (same id) or repair() re-creates the marker.
         await this.#indexAgain(markerKey, marker);
       }
-      return toMessage(stored);
+      const message = toMessage(stored);
+      return indexed.status === "fulfilled"
+        ? { message, markerRevision: indexed.value }
+        : { message };
     }
     if (!isWrongLastSequence(created.reason)) {
       const refused = errorNamed(created.reason, "InvalidArgumentError");
@@ -931,7 +944,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       await this.#kv.delete(markerKey, { previousSeq: indexed.value }).catch(() => {});
     }
     assertOutboxIdentity(existing, record, contextHeaders);
-    return toMessage(existing);
+    return { message: toMessage(existing) };
   }
 
   /** Writes a missing marker, retrying with a short backoff (three more attempts). */
@@ -1228,10 +1241,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /** Joins a stored message to its key when it is keyed and still unsettled. */
-  async #joinIfActive(message: OutboxMessage): Promise<void> {
+  async #joinIfActive({ message, markerRevision }: Stored): Promise<void> {
     if (message.orderingKey === undefined) return;
     if (message.state === "dispatched" || message.state === "dead") return;
-    await this.#joinKey(message.orderingKey, message.id);
+    await this.#joinKey(message.orderingKey, message.id, markerRevision);
   }
 
   /**
@@ -1240,8 +1253,15 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * (a "touch"), so a hand-over that read the entry before cannot leave the key without a head
    * while this message waits: its compare-and-set fails, and it reads again and sees the
    * message. Idempotent: a retry after a lost reply finds itself head, or touches again.
+   *
+   * A join that lands late (its process paused after writing the marker, `markerRevision`) may
+   * find its message already claimed, settled and handed over by others, the key without a
+   * head: it must not name that settled message head again (its marker is gone, so no claim
+   * would read it, and every later message of the key would wait behind it). So before it
+   * creates a head over an entry written after the message's marker (or when that revision is
+   * unknown), it reads the record and joins only if the message is still unsettled.
    */
-  async #joinKey(key: string, id: string): Promise<void> {
+  async #joinKey(key: string, id: string, markerRevision?: number): Promise<void> {
     let state = await this.#knownKey(key);
     let fresh = false;
     for (let round = 1;; round++) {
@@ -1256,6 +1276,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       const value: KeyEntry = state.value?.head !== undefined
         ? state.value
         : { ...state.value, v: 1, key, head: id };
+      if (
+        value.head === id && state.revision > 0 &&
+        (markerRevision === undefined || state.revision > markerRevision)
+      ) {
+        const read = await this.#read(id);
+        if (!read?.ok || read.record.state === "dispatched" || read.record.state === "dead") return;
+      }
       try {
         await this.#writeKey(state, value);
         return;

@@ -1,0 +1,77 @@
+/**
+ * NATS KV ordering keys under interleavings found by an adversarial review, on a real bucket with
+ * two store instances: a join that lands after its message was already settled.
+ */
+
+import assert from "node:assert/strict";
+import type { KV } from "@nats-io/kv";
+import type { OutboxRecord } from "../mod.ts";
+import { keyEntryPrefix } from "../src/stores/nats_kv/keys.ts";
+import { openKvFixture } from "./nats_kv_fixture.ts";
+
+let counter = 0;
+
+function keyed(orderingKey: string): OutboxRecord {
+  counter += 1;
+  return {
+    id: `rv-${counter}-${Math.random().toString(36).slice(2, 8)}`,
+    kind: "event.publish",
+    name: "n",
+    subject: "s.a",
+    payload: "{}",
+    headers: {},
+    orderingKey,
+  };
+}
+
+type Method = "update" | "create" | "put" | "get" | "delete" | "watch";
+
+/** `kv` with `method` replaced by `wrap(original)`. */
+function intercept<K extends Method>(kv: KV, method: K, wrap: (original: KV[K]) => KV[K]): KV {
+  const original = (kv[method] as (...args: unknown[]) => unknown).bind(kv) as KV[K];
+  const replaced = wrap(original);
+  return new Proxy(kv, {
+    get(target, property) {
+      if (property === method) return replaced;
+      const value = Reflect.get(target, property, target);
+      return typeof value === "function" ? value.bind(target) : value;
+    },
+  });
+}
+
+function isKeyEntry(key: string): boolean {
+  return key.startsWith(`${keyEntryPrefix}.`);
+}
+
+Deno.test("nats kv ordering review: a join that lands after its message was claimed, dispatched and handed over does not make it head again", async () => {
+  await using fixture = await openKvFixture();
+  const k = "late-join";
+  const [m1, m2, m3] = [keyed(k), keyed(k), keyed(k)];
+  const dispatcher = fixture.outbox({ kv: fixture.peerKv });
+  await dispatcher.enqueue(m1);
+  const [claim1] = await dispatcher.claimDue(10, new Date());
+  assert.equal(claim1.id, m1.id);
+  let raced = false;
+  // The producer stored m2 and its marker; before its join's write lands (a paused process),
+  // the other instance dispatches m1, hands over to m2, claims and dispatches m2 too.
+  const kv = intercept(fixture.kv, "update", (update) => async (key, data, revision) => {
+    if (isKeyEntry(key) && !raced) {
+      raced = true;
+      assert.equal(await dispatcher.markDispatched(claim1, new Date()), true);
+      const [claim2] = await dispatcher.claimDue(10, new Date());
+      assert.equal(claim2?.id, m2.id);
+      assert.equal(await dispatcher.markDispatched(claim2, new Date()), true);
+    }
+    return await update(key, data, revision);
+  });
+  const producer = fixture.outbox({ kv });
+  await producer.blockedKeys(); // its index knows m1 heads the key: the join is a touch
+  await producer.enqueue(m2);
+  assert.ok(raced, "the dispatches ran inside the join");
+  await producer.enqueue(m3);
+  const claims = [
+    ...await dispatcher.claimDue(10, new Date()),
+    ...await producer.claimDue(10, new Date()),
+  ];
+  assert.deepEqual(claims.map((m) => m.id), [m3.id], "m3 heads the key: not stranded");
+});
