@@ -1,12 +1,14 @@
 /**
  * NATS KV ordering keys under interleavings found by an adversarial review, on a real bucket with
- * two store instances: a join that lands after its message was already settled.
+ * two store instances: a join that lands after its message was already settled, and a settled
+ * message whose marker outlived its settlement (a crash or a failed delete after its hand-over)
+ * picked as its key's next head by the other instance.
  */
 
 import assert from "node:assert/strict";
 import type { KV } from "@nats-io/kv";
 import type { OutboxRecord } from "../mod.ts";
-import { keyEntryPrefix } from "../src/stores/nats_kv/keys.ts";
+import { keyEntryPrefix, markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
 import { openKvFixture } from "./nats_kv_fixture.ts";
 
 let counter = 0;
@@ -74,4 +76,63 @@ Deno.test("nats kv ordering review: a join that lands after its message was clai
     ...await producer.claimDue(10, new Date()),
   ];
   assert.deepEqual(claims.map((m) => m.id), [m3.id], "m3 heads the key: not stranded");
+});
+
+Deno.test("nats kv ordering review: a dispatched message whose marker outlived its hand-over never heads its key again", async () => {
+  await using fixture = await openKvFixture();
+  const k = "stale-dispatched-marker";
+  const [d, e, f] = [keyed(k), keyed(k), keyed(k)];
+  const dMarker = markerKeyOf(await outboxRecordKey(d.id));
+  // The instance dispatching d loses its marker delete (a crash right after the hand-over, or a
+  // failed delete): the marker stays in the bucket and in the other instance's index.
+  const kv = intercept(fixture.kv, "delete", (del) => async (key, ...rest) => {
+    if (key === dMarker) throw new Error("delete failed (simulated)");
+    return await del(key, ...rest);
+  });
+  const a = fixture.outbox({ kv });
+  const b = fixture.outbox({ kv: fixture.peerKv });
+  await a.enqueueMany([d, e, f]);
+  await b.blockedKeys(); // b's index knows d's marker
+  const [claimD] = await a.claimDue(10, new Date());
+  assert.equal(claimD.id, d.id);
+  assert.equal(await a.markDispatched(claimD, new Date(), undefined, { sequence: 5 }), true);
+  const [claimE] = [...await b.claimDue(10, new Date()), ...await a.claimDue(10, new Date())];
+  assert.equal(claimE?.id, e.id);
+  assert.equal(claimE.keySequence, 5);
+  assert.equal(await b.markDispatched(claimE, new Date(), undefined, { sequence: 6 }), true);
+  const claims = [...await b.claimDue(10, new Date()), ...await a.claimDue(10, new Date())];
+  const next = claims.length > 0
+    ? claims
+    : [...await b.claimDue(10, new Date()), ...await a.claimDue(10, new Date())];
+  assert.deepEqual(next.map((m) => m.id), [f.id]);
+  assert.equal(next[0].keySequence, 6, "f's key sequence is e's PubAck, not d's");
+});
+
+Deno.test("nats kv ordering review: a skipped message whose marker outlived its dead mark does not block its key again", async () => {
+  await using fixture = await openKvFixture();
+  const k = "stale-dead-marker";
+  const [d, e, f] = [keyed(k), keyed(k), keyed(k)];
+  const dMarker = markerKeyOf(await outboxRecordKey(d.id));
+  const kv = intercept(fixture.kv, "delete", (del) => async (key, ...rest) => {
+    if (key === dMarker) throw new Error("delete failed (simulated)");
+    return await del(key, ...rest);
+  });
+  const a = fixture.outbox({ kv });
+  const b = fixture.outbox({ kv: fixture.peerKv });
+  await a.enqueueMany([d, e, f]);
+  await b.blockedKeys();
+  const [claimD] = await a.claimDue(10, new Date());
+  assert.equal(await a.markDead(claimD, { error: "poison", now: new Date() }), true);
+  assert.equal(await b.unblockKey(k, { action: "skip" }), true);
+  const [claimE] = [...await b.claimDue(10, new Date()), ...await a.claimDue(10, new Date())];
+  assert.equal(claimE?.id, e.id);
+  assert.equal(await b.markDispatched(claimE, new Date()), true);
+  const claimed: string[] = [];
+  for (let round = 0; round < 2 && claimed.length === 0; round++) {
+    claimed.push(...(await b.claimDue(10, new Date())).map((m) => m.id));
+    claimed.push(...(await a.claimDue(10, new Date())).map((m) => m.id));
+  }
+  assert.deepEqual(claimed, [f.id], "f heads the key after e");
+  assert.deepEqual(await b.blockedKeys(), [], "the skipped d does not block its key again");
+  assert.equal(await b.unblockKey(k, { action: "retry" }), false);
 });

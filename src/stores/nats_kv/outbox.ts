@@ -173,6 +173,25 @@ interface Cached {
   record: StoredOutboxRecord;
 }
 
+/** A settled message's record revision as read by the caller of a hand-over (`dead`: its state). */
+interface Settled {
+  revision: number;
+  dead?: boolean;
+}
+
+/**
+ * Whether the key's head was named by a hand-over that ran after the head's record reached
+ * `revision` (its settled state): it settled before it was head (see `#handOver`).
+ */
+function settledBeforeHead(entry: KeyEntry, revision: number): boolean {
+  return entry.at !== undefined && revision < entry.at;
+}
+
+/** `{ seq }` when the key has a sequence, else `{}`. */
+function pick(seq: number | undefined): { seq?: number } {
+  return seq === undefined ? {} : { seq };
+}
+
 /** A message as `enqueue` stored (or found) it, with the revision of the marker it wrote. */
 interface Stored {
   message: OutboxMessage;
@@ -615,10 +634,16 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const action = checkedUnblockAction(options);
     const now = options.now ?? new Date();
     checkedDate(now, "now");
-    const headId = (await this.#readKey(valid)).value?.head;
+    const entry = (await this.#readKey(valid)).value;
+    const headId = entry?.head;
     if (headId === undefined) return false;
     const head = await this.#read(headId);
     if (!head?.ok || head.record.state !== "dead" || head.record.orderingKey !== valid) {
+      return false;
+    }
+    if (settledBeforeHead(entry!, head.revision)) {
+      // A skipped message back as head through a marker that outlived it: not blocked.
+      await this.#handOver(valid, headId, undefined, { revision: head.revision, dead: true });
       return false;
     }
     if (action === "retry") return (await this.requeue([headId], now)) === 1;
@@ -840,12 +865,14 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 
   async #read(
     id: string,
-  ): Promise<{ ok: true; record: StoredOutboxRecord } | { ok: false } | undefined> {
+  ): Promise<
+    { ok: true; record: StoredOutboxRecord; revision: number } | { ok: false } | undefined
+  > {
     const codec = await recordCodec();
     const entry = await this.#kv.get(await outboxRecordKey(id));
     if (!entry || entry.operation !== "PUT") return undefined;
     const decoded = codec.decodeRecord(entry.value, id);
-    return decoded.ok ? decoded : { ok: false };
+    return decoded.ok ? { ...decoded, revision: entry.revision } : { ok: false };
   }
 
   /**
@@ -1018,10 +1045,16 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       // A corrupt record loses its marker: it is dead from now on (get/listDead/stats say so),
       // but never blocks its key. A dispatched head whose hand-over did not happen (a crash, a
       // failed write) hands over now; a dead head keeps its key (blocked).
+      // A settled message that came back as head through a marker that outlived its
+      // settlement (a crash or a failed delete after its hand-over) hands over too, keeping
+      // the key's sequence.
       const key = decoded.ok ? decoded.record.orderingKey : entry.key;
-      if (!decoded.ok || decoded.record.state === "dispatched") {
-        const sequence = decoded.ok ? decoded.record.sequence : undefined;
-        if (!await this.#passOn(key, entry.id, sequence)) return "waiting";
+      if (!decoded.ok) {
+        if (!await this.#passOn(key, entry.id)) return "waiting";
+      } else {
+        const { state, sequence } = decoded.record;
+        const settled = { revision: got.revision, dead: state === "dead" };
+        if (!await this.#passOn(key, entry.id, sequence, settled)) return "waiting";
       }
       await this.#dropMarker(entry.markerKey, observed);
       return "dropped";
@@ -1136,7 +1169,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   async #release(recordKey: string, record: StoredOutboxRecord, revision: number): Promise<void> {
     if (record.orderingKey !== undefined) {
       try {
-        await this.#handOver(record.orderingKey, record.id, record.sequence);
+        await this.#handOver(record.orderingKey, record.id, record.sequence, { revision });
       } catch {
         // The write may have applied with its reply lost: the key entry says.
         const handedOver = await this.#readKey(record.orderingKey).then(
@@ -1160,10 +1193,11 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     key: string | undefined,
     id: string | undefined,
     sequence?: number,
+    settled?: Settled,
   ): Promise<boolean> {
     if (key === undefined || id === undefined) return true;
     try {
-      await this.#handOver(key, id, sequence);
+      await this.#handOver(key, id, sequence, settled);
       return true;
     } catch {
       return false;
@@ -1215,6 +1249,15 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       const key = state.value.key;
       const headId = state.value.head!;
       const read = await this.#read(headId);
+      if (
+        read?.ok && (read.record.state === "dead" || read.record.state === "dispatched") &&
+        settledBeforeHead(state.value, read.revision)
+      ) {
+        // Came back as head through a marker that outlived its settlement: not blocked.
+        const settled = { revision: read.revision, dead: read.record.state === "dead" };
+        await this.#passOn(key, headId, read.record.sequence, settled);
+        return undefined;
+      }
       if (read?.ok && read.record.state === "dead" && read.record.orderingKey === key) {
         const item: OutboxBlockedKey = {
           key,
@@ -1275,7 +1318,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       }
       const value: KeyEntry = state.value?.head !== undefined
         ? state.value
-        : { ...state.value, v: 1, key, head: id };
+        : { v: 1, key, head: id, ...pick(state.value?.seq) };
       if (
         value.head === id && state.revision > 0 &&
         (markerRevision === undefined || state.revision > markerRevision)
@@ -1303,8 +1346,20 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * keeps an entry without a head. A compare-and-set on the key entry: of two hand-overs only
    * one moves the head, and a concurrent join makes it read again. Resolves `true` when this
    * call moved the head, `false` when `from` was not (or no longer) the head.
+   *
+   * The entry keeps the revision the hand-over read (`at`): a message settled before it was
+   * named head (a settled message whose marker outlived its settlement, picked as next) has a
+   * record revision below `at`. `settled` (the revision at which the caller read `from`'s
+   * record settled) tells such a head: its hand-over keeps the key's sequence (its own is
+   * older), and a dead one is handed over too instead of blocking the key (with `dead`, only
+   * such a dead head is handed over: a head that died as head keeps its key).
    */
-  async #handOver(key: string, from: string, sequence?: number | null): Promise<boolean> {
+  async #handOver(
+    key: string,
+    from: string,
+    sequence?: number | null,
+    settled?: Settled,
+  ): Promise<boolean> {
     let state = await this.#knownKey(key);
     let fresh = false;
     for (let round = 1;; round++) {
@@ -1314,13 +1369,18 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         fresh = true;
         if (state.value?.head !== from) return false;
       }
+      const stale = settled !== undefined && settledBeforeHead(state.value, settled.revision);
+      if (settled?.dead && !stale) return false;
       await this.#index.caughtUp(state.revision);
       const next = this.#index.nextOf(key, from);
       const value: KeyEntry = { v: 1, key };
       // A sequence given replaces the key's; `null` forgets it (a skipped dead head's).
-      const seq = sequence === undefined ? state.value.seq : sequence ?? undefined;
+      const seq = sequence === undefined || stale ? state.value.seq : sequence ?? undefined;
       if (seq !== undefined) value.seq = seq;
-      if (next?.id !== undefined) value.head = next.id;
+      if (next?.id !== undefined) {
+        value.head = next.id;
+        value.at = state.revision;
+      }
       try {
         await this.#kv.update(state.entryKey, encodeJson(value), state.revision);
         return true;

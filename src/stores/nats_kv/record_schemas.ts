@@ -84,6 +84,8 @@ export const KeyEntrySchema = Type.Object({
   head: Type.Optional(Type.String({ minLength: 1 })),
   /** The key's last stream sequence (the PubAck of its last dispatched message). */
   seq: Type.Optional(Type.Integer({ minimum: 1 })),
+  /** The entry revision the hand-over that named the head read (see `KeyEntry.at`). */
+  at: Type.Optional(Type.Integer({ minimum: 1 })),
 });
 
 /** Schema of an inbox entry (`i.<consumer token>.<id token>`). */

@@ -72,6 +72,12 @@ export interface KeyEntry {
   key: string;
   head?: string;
   seq?: number;
+  /**
+   * The key entry revision the hand-over that named `head` read: every message settled before
+   * that hand-over has a record revision below it (a settled message whose marker outlived its
+   * settlement may be picked as next; its record then tells it apart).
+   */
+  at?: number;
 }
 
 /** An inbox entry. */
