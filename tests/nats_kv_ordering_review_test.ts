@@ -2,7 +2,7 @@
  * NATS KV ordering keys under interleavings found by an adversarial review, on a real bucket with
  * two store instances: a join that lands after its message was already settled, and a settled
  * message whose marker outlived its settlement (a crash or a failed delete after its hand-over)
- * picked as its key's next head by the other instance.
+ * picked as its key's next head by the other instance, and a skip racing a retry of one dead head.
  */
 
 import assert from "node:assert/strict";
@@ -135,4 +135,47 @@ Deno.test("nats kv ordering review: a skipped message whose marker outlived its 
   assert.deepEqual(claimed, [f.id], "f heads the key after e");
   assert.deepEqual(await b.blockedKeys(), [], "the skipped d does not block its key again");
   assert.equal(await b.unblockKey(k, { action: "retry" }), false);
+});
+
+Deno.test("nats kv ordering review: a skip racing a retry of the same dead head leaves one head", async () => {
+  await using fixture = await openKvFixture();
+  // "hand-over": the retry runs just before the skip's key entry write; "record": just before
+  // the skip's first write of the dead record (the retry then wins and the skip does nothing).
+  for (const moment of ["hand-over", "record"] as const) {
+    const k = `skip-vs-retry-${moment}`;
+    const [x, y] = [keyed(k), keyed(k)];
+    const xKey = await outboxRecordKey(x.id);
+    const admin = fixture.outbox({ kv: fixture.peerKv });
+    const dispatcher = fixture.outbox();
+    let raced = false;
+    const claimedInside: string[] = [];
+    // The skipping instance has read the key entry and found x dead; before its write lands,
+    // another operator retries x and a dispatcher claims what heads the key.
+    const kv = intercept(fixture.kv, "update", (update) => async (key, data, revision) => {
+      const hit = moment === "hand-over" ? isKeyEntry(key) : key === xKey;
+      if (hit && !raced) {
+        raced = true;
+        assert.equal(await admin.unblockKey(k, { action: "retry" }), true);
+        claimedInside.push(...(await dispatcher.claimDue(10, new Date())).map((m) => m.id));
+      }
+      return await update(key, data, revision);
+    });
+    const skipper = fixture.outbox({ kv });
+    await dispatcher.enqueueMany([x, y]);
+    const [claimX] = await dispatcher.claimDue(10, new Date());
+    assert.equal(claimX.id, x.id);
+    assert.equal(await dispatcher.markDead(claimX, { error: "poison", now: new Date() }), true);
+    const skipped = await skipper.unblockKey(k, { action: "skip" });
+    assert.ok(raced);
+    const claimedAfter = [
+      ...await dispatcher.claimDue(10, new Date()),
+      ...await admin.claimDue(10, new Date()),
+      ...await skipper.claimDue(10, new Date()),
+    ].map((m) => m.id);
+    const inFlight = [...claimedInside, ...claimedAfter];
+    assert.equal(inFlight.length, 1, `one message of the key in flight at a time, got ${inFlight}`);
+    // Retried first: the skip does not apply and x, retried, heads the key. Skipped first: the
+    // retry finishes the skip's hand-over, y heads the key and x waits behind it.
+    assert.deepEqual([skipped, inFlight[0]], moment === "record" ? [false, x.id] : [true, y.id]);
+  }
 });

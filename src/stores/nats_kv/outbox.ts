@@ -647,7 +647,20 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       return false;
     }
     if (action === "retry") return (await this.requeue([headId], now)) === 1;
-    return await this.#handOver(valid, headId, null);
+    // The skip is written into the dead record first (a compare-and-set on the revision read
+    // dead), and only then is the key handed over: a retry (requeue) that brings the record
+    // back before that write makes the skip fail, and one after it finds the record skipped
+    // and finishes the hand-over before the record is pending again. Without it, a hand-over
+    // landing after a concurrent retry moved the head past a message a claim had just taken.
+    const skipped: StoredOutboxRecord = { ...head.record, skipped: true };
+    try {
+      await this.#kv.update(await outboxRecordKey(headId), encodeJson(skipped), head.revision);
+    } catch (error) {
+      if (isWrongLastSequence(error)) return false; // retried, or skipped by another call
+      throw error;
+    }
+    await this.#handOver(valid, headId, null);
+    return true;
   }
 
   /**
@@ -710,6 +723,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       if (record.orderingKey !== undefined) await this.#joinKey(record.orderingKey, record.id);
       return 0;
     }
+    // A skip of this message may not have handed its key over yet (a crash, or this requeue
+    // runs inside it): finish it before the record is pending again, so the message comes back
+    // behind the key's next message and is never claimable while another message heads its key.
+    if (record.orderingKey !== undefined && record.skipped) {
+      await this.#handOver(record.orderingKey, record.id, null);
+    }
     // A dead head has forgotten its key's sequence (see OutboxMark): no claim can observe that
     // before a retry (here, first, so no requeued head is ever claimed with it) or a skip (its
     // hand-over drops it), so that is when the key entry is rewritten, not at every dead mark.
@@ -721,6 +740,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       updatedAt: nowIso,
     };
     delete next.nextAttemptAt;
+    delete next.skipped;
     // A requeue ends every earlier claim: an older library version's claim (which copies the
     // record and writes no token) must not inherit the token of the claim before the requeue.
     delete next.claimToken;

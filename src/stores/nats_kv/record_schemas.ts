@@ -60,6 +60,8 @@ export const StoredOutboxRecordSchema = Type.Object({
   orderingKey: Type.Optional(Type.String({ minLength: 1 })),
   /** The PubAck sequence of the dispatched mark of a keyed message. */
   sequence: Type.Optional(Type.Integer({ minimum: 1 })),
+  /** A dead head skipped by `unblockKey` (written before its key is handed over). */
+  skipped: Type.Optional(Type.Literal(true)),
 });
 
 /** Schema of an active-index marker (`q.<token>`). */

@@ -50,6 +50,8 @@ export interface StoredOutboxRecord {
    * hand-over finished later (a retried mark, a claim healing it) records the same key sequence.
    */
   sequence?: number;
+  /** Set on a dead head by `unblockKey(key, { action: "skip" })` before it hands the key over. */
+  skipped?: true;
 }
 
 /** An active-index marker. */
