@@ -179,3 +179,33 @@ Deno.test("nats kv ordering review: a skip racing a retry of the same dead head 
     assert.deepEqual([skipped, inFlight[0]], moment === "record" ? [false, x.id] : [true, y.id]);
   }
 });
+
+Deno.test("nats kv ordering review: a retry of a blocked key whose marker write failed is healed by the next retry or blockedKeys()", async () => {
+  await using fixture = await openKvFixture();
+  for (const heal of ["retry again", "blockedKeys"] as const) {
+    const k = `failed-retry-${heal === "blockedKeys" ? "b" : "r"}`;
+    const [x, y] = [keyed(k), keyed(k)];
+    const xMarker = markerKeyOf(await outboxRecordKey(x.id));
+    let failed = false;
+    // The retry's requeue wrote x pending; its marker write then failed (the key entry still
+    // names x head, and x is no longer dead: not blocked, and without a marker never claimed).
+    const kv = intercept(fixture.kv, "put", (put) => async (key, ...rest) => {
+      if (key === xMarker && !failed) {
+        failed = true;
+        throw new Error("marker write failed (simulated)");
+      }
+      return await put(key, ...rest);
+    });
+    const admin = fixture.outbox({ kv });
+    const dispatcher = fixture.outbox({ kv: fixture.peerKv });
+    await dispatcher.enqueueMany([x, y]);
+    const [claimX] = await dispatcher.claimDue(10, new Date());
+    assert.equal(await dispatcher.markDead(claimX, { error: "poison", now: new Date() }), true);
+    await assert.rejects(admin.unblockKey(k, { action: "retry" }), /marker write failed/);
+    assert.deepEqual(await dispatcher.claimDue(10, new Date()), [], "x is stuck without a marker");
+    if (heal === "retry again") await admin.unblockKey(k, { action: "retry" });
+    else assert.deepEqual(await admin.blockedKeys(), [], "x is not dead: the key is not blocked");
+    const claims = await dispatcher.claimDue(10, new Date());
+    assert.deepEqual(claims.map((m) => m.id), [x.id], `${heal}: x heads its key and is claimed`);
+  }
+});

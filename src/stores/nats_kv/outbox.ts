@@ -638,7 +638,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const headId = entry?.head;
     if (headId === undefined) return false;
     const head = await this.#read(headId);
-    if (!head?.ok || head.record.state !== "dead" || head.record.orderingKey !== valid) {
+    if (!head?.ok || head.record.orderingKey !== valid) return false;
+    if (head.record.state !== "dead") {
+      // An earlier retry may have failed after the record was pending again and before its
+      // marker was written: the key is no longer blocked, but without a marker no claim would
+      // ever take its head. Retrying again finishes it (requeue of an active record).
+      if (action === "retry" && head.record.state !== "dispatched") await this.requeue([headId]);
       return false;
     }
     if (settledBeforeHead(entry!, head.revision)) {
@@ -1276,6 +1281,16 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         // Came back as head through a marker that outlived its settlement: not blocked.
         const settled = { revision: read.revision, dead: read.record.state === "dead" };
         await this.#passOn(key, headId, read.record.sequence, settled);
+        return undefined;
+      }
+      if (
+        read?.ok && read.record.orderingKey === key &&
+        (read.record.state === "pending" || read.record.state === "failed" ||
+          read.record.state === "claimed")
+      ) {
+        // An active head without a marker (a requeue or retry that failed before its marker
+        // write): no claim would take it, and every message of its key would wait behind it.
+        await this.#ensureMarker(await outboxRecordKey(headId), read.record, read.revision);
         return undefined;
       }
       if (read?.ok && read.record.state === "dead" && read.record.orderingKey === key) {
