@@ -209,3 +209,27 @@ Deno.test("nats kv ordering review: a retry of a blocked key whose marker write 
     assert.deepEqual(claims.map((m) => m.id), [x.id], `${heal}: x heads its key and is claimed`);
   }
 });
+
+Deno.test("nats kv ordering review: a keyed enqueue that died between its marker and its join is claimed after the grace, before the key's next message", async () => {
+  await using fixture = await openKvFixture();
+  const k = "never-joined";
+  const [x, y] = [keyed(k), keyed(k)];
+  let killed = true;
+  // The producer's process dies after record and marker, before the key entry write.
+  const kv = intercept(fixture.kv, "create", (create) => async (key, ...rest) => {
+    if (killed && isKeyEntry(key)) throw new Error("process killed (simulated)");
+    return await create(key, ...rest);
+  });
+  const producer = fixture.outbox({ kv });
+  await assert.rejects(producer.enqueue(x), /process killed/);
+  killed = false;
+  const dispatcher = fixture.outbox({ kv: fixture.peerKv, orphanGraceMs: 200 });
+  const claimed: string[] = [];
+  for (let round = 0; round < 50 && claimed.length === 0; round++) {
+    claimed.push(...(await dispatcher.claimDue(10, new Date())).map((m) => m.id));
+    if (claimed.length === 0) await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  assert.deepEqual(claimed, [x.id], "x is not stranded");
+  await producer.enqueue(y);
+  assert.deepEqual(await dispatcher.claimDue(10, new Date()), [], "y waits behind x");
+});

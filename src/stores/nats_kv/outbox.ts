@@ -362,7 +362,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         (entry) => tried.has(entry.markerKey) || this.#inFlight.has(entry.markerKey),
       );
       if (candidates.length === 0) {
-        if (synced) break;
+        if (synced) {
+          if (claimed.length === 0) await this.#joinStranded();
+          break;
+        }
         await this.#index.sync();
         synced = true;
         continue;
@@ -1310,6 +1313,28 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     }));
     return found.filter((item): item is OutboxBlockedKey => item !== undefined)
       .sort((a, b) => a.since < b.since ? -1 : a.since > b.since ? 1 : a.key < b.key ? -1 : 1);
+  }
+
+  /**
+   * Joins the oldest message of each key that has messages but no head, once its marker is
+   * older than `orphanGraceMs` (server clock): a keyed enqueue that crashed or threw between its
+   * marker write and its join, and was not retried, would otherwise wait until `repair()` (or be
+   * overtaken by the key's next enqueue). Its record is read first: a marker that outlived a
+   * settled record is dropped. Run by a claim that found nothing to claim; costs nothing while
+   * every key with messages has a head. Failures are left to the next claim.
+   */
+  async #joinStranded(): Promise<void> {
+    const stranded = this.#index.headless().filter((entry) =>
+      entry.id !== undefined && entry.key !== undefined &&
+      this.#index.serverTimeMs() - entry.markerWrittenMs >= this.#orphanGraceMs
+    );
+    await Promise.all(
+      stranded.map(async (entry) => {
+        // A marker that outlived its settled (or missing) record is dropped instead.
+        const read = await this.#inspect(entry);
+        if (typeof read === "object") await this.#joinKey(entry.key!, entry.id!);
+      }).map((joined) => joined.catch(() => {})),
+    );
   }
 
   /** Whether the index (synced by the caller) knows `record` as its key's head. */
