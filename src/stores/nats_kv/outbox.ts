@@ -363,7 +363,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       );
       if (candidates.length === 0) {
         if (synced) {
-          if (claimed.length === 0) await this.#joinStranded();
+          await this.#joinStranded();
           break;
         }
         await this.#index.sync();
@@ -1320,8 +1320,9 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * older than `orphanGraceMs` (server clock): a keyed enqueue that crashed or threw between its
    * marker write and its join, and was not retried, would otherwise wait until `repair()` (or be
    * overtaken by the key's next enqueue). Its record is read first: a marker that outlived a
-   * settled record is dropped. Run by a claim that found nothing to claim; costs nothing while
-   * every key with messages has a head. Failures are left to the next claim.
+   * settled record is dropped. Run by a claim that found less than it wanted (every due message
+   * taken); costs nothing while every key with messages has a head. Failures are left to the
+   * next claim.
    */
   async #joinStranded(): Promise<void> {
     const stranded = this.#index.headless().filter((entry) =>
