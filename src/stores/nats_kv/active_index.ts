@@ -180,6 +180,20 @@ export class ActiveIndex {
     return this.#byKey.get(key) ?? [];
   }
 
+  /**
+   * The oldest entry of every ordering key that has active entries but no head the index knows
+   * (a keyed enqueue that crashed or threw between its marker write and its join).
+   */
+  headless(): ActiveEntry[] {
+    const out: ActiveEntry[] = [];
+    for (const [key, entries] of this.#byKey) {
+      if (entries.length > 0 && this.#keyStates.get(key)?.value.head === undefined) {
+        out.push(entries[0]);
+      }
+    }
+    return out;
+  }
+
   /** The oldest active entry of `key` other than message `except`: the key's next message. */
   nextOf(key: string, except: string): ActiveEntry | undefined {
     for (const entry of this.#byKey.get(key) ?? []) {

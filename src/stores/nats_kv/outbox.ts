@@ -173,6 +173,31 @@ interface Cached {
   record: StoredOutboxRecord;
 }
 
+/** A settled message's record revision as read by the caller of a hand-over (`dead`: its state). */
+interface Settled {
+  revision: number;
+  dead?: boolean;
+}
+
+/**
+ * Whether the key's head was named by a hand-over that ran after the head's record reached
+ * `revision` (its settled state): it settled before it was head (see `#handOver`).
+ */
+function settledBeforeHead(entry: KeyEntry, revision: number): boolean {
+  return entry.at !== undefined && revision < entry.at;
+}
+
+/** `{ seq }` when the key has a sequence, else `{}`. */
+function pick(seq: number | undefined): { seq?: number } {
+  return seq === undefined ? {} : { seq };
+}
+
+/** A message as `enqueue` stored (or found) it, with the revision of the marker it wrote. */
+interface Stored {
+  message: OutboxMessage;
+  markerRevision?: number;
+}
+
 type Claimed = { order: number; message: OutboxMessage };
 
 /** An ordering key's entry as read (or as the index knows it); revision 0: no entry. */
@@ -235,7 +260,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const prepared = this.#prepare(valid, new Date());
     const stored = await this.#store(valid, prepared, undefined, options.contextHeaders);
     await this.#joinIfActive(stored);
-    return stored;
+    return stored.message;
   }
 
   /**
@@ -275,17 +300,18 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     );
     // Then each keyed message joins its key, in input order per key (the first of a key without
     // a head becomes the head); keys at once.
-    const byKey = new Map<string, OutboxMessage[]>();
-    for (const message of stored) {
-      if (message.orderingKey === undefined) continue;
-      const queue = byKey.get(message.orderingKey);
-      if (queue) queue.push(message);
-      else byKey.set(message.orderingKey, [message]);
+    const byKey = new Map<string, Stored[]>();
+    for (const item of stored) {
+      const orderingKey = item.message.orderingKey;
+      if (orderingKey === undefined) continue;
+      const queue = byKey.get(orderingKey);
+      if (queue) queue.push(item);
+      else byKey.set(orderingKey, [item]);
     }
     await Promise.all([...byKey.values()].map(async (queue) => {
-      for (const message of queue) await this.#joinIfActive(message);
+      for (const item of queue) await this.#joinIfActive(item);
     }));
-    const byId = new Map(stored.map((message) => [message.id, message]));
+    const byId = new Map(stored.map(({ message }) => [message.id, message]));
     return valid.map((record) => structuredClone(byId.get(record.id)!));
   }
 
@@ -336,7 +362,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         (entry) => tried.has(entry.markerKey) || this.#inFlight.has(entry.markerKey),
       );
       if (candidates.length === 0) {
-        if (synced) break;
+        if (synced) {
+          await this.#joinStranded();
+          break;
+        }
         await this.#index.sync();
         synced = true;
         continue;
@@ -612,14 +641,38 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const action = checkedUnblockAction(options);
     const now = options.now ?? new Date();
     checkedDate(now, "now");
-    const headId = (await this.#readKey(valid)).value?.head;
+    const entry = (await this.#readKey(valid)).value;
+    const headId = entry?.head;
     if (headId === undefined) return false;
     const head = await this.#read(headId);
-    if (!head?.ok || head.record.state !== "dead" || head.record.orderingKey !== valid) {
+    if (!head?.ok || head.record.orderingKey !== valid) return false;
+    if (head.record.state !== "dead") {
+      // An earlier retry may have failed after the record was pending again and before its
+      // marker was written: the key is no longer blocked, but without a marker no claim would
+      // ever take its head. Retrying again finishes it (requeue of an active record).
+      if (action === "retry" && head.record.state !== "dispatched") await this.requeue([headId]);
+      return false;
+    }
+    if (settledBeforeHead(entry!, head.revision)) {
+      // A skipped message back as head through a marker that outlived it: not blocked.
+      await this.#handOver(valid, headId, undefined, { revision: head.revision, dead: true });
       return false;
     }
     if (action === "retry") return (await this.requeue([headId], now)) === 1;
-    return await this.#handOver(valid, headId, null);
+    // The skip is written into the dead record first (a compare-and-set on the revision read
+    // dead), and only then is the key handed over: a retry (requeue) that brings the record
+    // back before that write makes the skip fail, and one after it finds the record skipped
+    // and finishes the hand-over before the record is pending again. Without it, a hand-over
+    // landing after a concurrent retry moved the head past a message a claim had just taken.
+    const skipped: StoredOutboxRecord = { ...head.record, skipped: true };
+    try {
+      await this.#kv.update(await outboxRecordKey(headId), encodeJson(skipped), head.revision);
+    } catch (error) {
+      if (isWrongLastSequence(error)) return false; // retried, or skipped by another call
+      throw error;
+    }
+    await this.#handOver(valid, headId, null);
+    return true;
   }
 
   /**
@@ -682,6 +735,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       if (record.orderingKey !== undefined) await this.#joinKey(record.orderingKey, record.id);
       return 0;
     }
+    // A skip of this message may not have handed its key over yet (a crash, or this requeue
+    // runs inside it): finish it before the record is pending again, so the message comes back
+    // behind the key's next message and is never claimable while another message heads its key.
+    if (record.orderingKey !== undefined && record.skipped) {
+      await this.#handOver(record.orderingKey, record.id, null);
+    }
     // A dead head has forgotten its key's sequence (see OutboxMark): no claim can observe that
     // before a retry (here, first, so no requeued head is ever claimed with it) or a skip (its
     // hand-over drops it), so that is when the key entry is rewritten, not at every dead mark.
@@ -693,6 +752,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       updatedAt: nowIso,
     };
     delete next.nextAttemptAt;
+    delete next.skipped;
     // A requeue ends every earlier claim: an older library version's claim (which copies the
     // record and writes no token) must not inherit the token of the claim before the requeue.
     delete next.claimToken;
@@ -703,8 +763,11 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       if (isWrongLastSequence(error)) return 0;
       throw error;
     }
-    await this.#kv.put(markerKeyOf(key), encodeJson(markerOf(next, { rev: written })));
-    if (next.orderingKey !== undefined) await this.#joinKey(next.orderingKey, next.id);
+    const marked = await this.#kv.put(
+      markerKeyOf(key),
+      encodeJson(markerOf(next, { rev: written })),
+    );
+    if (next.orderingKey !== undefined) await this.#joinKey(next.orderingKey, next.id, marked);
     return 1;
   }
 
@@ -834,12 +897,14 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 
   async #read(
     id: string,
-  ): Promise<{ ok: true; record: StoredOutboxRecord } | { ok: false } | undefined> {
+  ): Promise<
+    { ok: true; record: StoredOutboxRecord; revision: number } | { ok: false } | undefined
+  > {
     const codec = await recordCodec();
     const entry = await this.#kv.get(await outboxRecordKey(id));
     if (!entry || entry.operation !== "PUT") return undefined;
     const decoded = codec.decodeRecord(entry.value, id);
-    return decoded.ok ? decoded : { ok: false };
+    return decoded.ok ? { ...decoded, revision: entry.revision } : { ok: false };
   }
 
   /**
@@ -875,7 +940,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     prepared: { stored: StoredOutboxRecord; bytes: Uint8Array },
     knownKey?: string,
     contextHeaders?: Iterable<string>,
-  ): Promise<OutboxMessage> {
+  ): Promise<Stored> {
     const codec = await recordCodec();
     // No await before the writes when the key is known: callers rely on the issue order.
     const key = knownKey ?? await outboxRecordKey(record.id);
@@ -897,7 +962,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         // caller, whose retried enqueue (same id) or repair() re-creates the marker.
         await this.#indexAgain(markerKey, marker);
       }
-      return toMessage(stored);
+      const message = toMessage(stored);
+      return indexed.status === "fulfilled"
+        ? { message, markerRevision: indexed.value }
+        : { message };
     }
     if (!isWrongLastSequence(created.reason)) {
       const refused = errorNamed(created.reason, "InvalidArgumentError");
@@ -935,7 +1003,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       await this.#kv.delete(markerKey, { previousSeq: indexed.value }).catch(() => {});
     }
     assertOutboxIdentity(existing, record, contextHeaders);
-    return toMessage(existing);
+    return { message: toMessage(existing) };
   }
 
   /** Writes a missing marker, retrying with a short backoff (three more attempts). */
@@ -1009,10 +1077,16 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       // A corrupt record loses its marker: it is dead from now on (get/listDead/stats say so),
       // but never blocks its key. A dispatched head whose hand-over did not happen (a crash, a
       // failed write) hands over now; a dead head keeps its key (blocked).
+      // A settled message that came back as head through a marker that outlived its
+      // settlement (a crash or a failed delete after its hand-over) hands over too, keeping
+      // the key's sequence.
       const key = decoded.ok ? decoded.record.orderingKey : entry.key;
-      if (!decoded.ok || decoded.record.state === "dispatched") {
-        const sequence = decoded.ok ? decoded.record.sequence : undefined;
-        if (!await this.#passOn(key, entry.id, sequence)) return "waiting";
+      if (!decoded.ok) {
+        if (!await this.#passOn(key, entry.id)) return "waiting";
+      } else {
+        const { state, sequence } = decoded.record;
+        const settled = { revision: got.revision, dead: state === "dead" };
+        if (!await this.#passOn(key, entry.id, sequence, settled)) return "waiting";
       }
       await this.#dropMarker(entry.markerKey, observed);
       return "dropped";
@@ -1127,7 +1201,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   async #release(recordKey: string, record: StoredOutboxRecord, revision: number): Promise<void> {
     if (record.orderingKey !== undefined) {
       try {
-        await this.#handOver(record.orderingKey, record.id, record.sequence);
+        await this.#handOver(record.orderingKey, record.id, record.sequence, { revision });
       } catch {
         // The write may have applied with its reply lost: the key entry says.
         const handedOver = await this.#readKey(record.orderingKey).then(
@@ -1151,10 +1225,11 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     key: string | undefined,
     id: string | undefined,
     sequence?: number,
+    settled?: Settled,
   ): Promise<boolean> {
     if (key === undefined || id === undefined) return true;
     try {
-      await this.#handOver(key, id, sequence);
+      await this.#handOver(key, id, sequence, settled);
       return true;
     } catch {
       return false;
@@ -1206,6 +1281,25 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       const key = state.value.key;
       const headId = state.value.head!;
       const read = await this.#read(headId);
+      if (
+        read?.ok && (read.record.state === "dead" || read.record.state === "dispatched") &&
+        settledBeforeHead(state.value, read.revision)
+      ) {
+        // Came back as head through a marker that outlived its settlement: not blocked.
+        const settled = { revision: read.revision, dead: read.record.state === "dead" };
+        await this.#passOn(key, headId, read.record.sequence, settled);
+        return undefined;
+      }
+      if (
+        read?.ok && read.record.orderingKey === key &&
+        (read.record.state === "pending" || read.record.state === "failed" ||
+          read.record.state === "claimed")
+      ) {
+        // An active head without a marker (a requeue or retry that failed before its marker
+        // write): no claim would take it, and every message of its key would wait behind it.
+        await this.#ensureMarker(await outboxRecordKey(headId), read.record, read.revision);
+        return undefined;
+      }
       if (read?.ok && read.record.state === "dead" && read.record.orderingKey === key) {
         const item: OutboxBlockedKey = {
           key,
@@ -1225,6 +1319,29 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       .sort((a, b) => a.since < b.since ? -1 : a.since > b.since ? 1 : a.key < b.key ? -1 : 1);
   }
 
+  /**
+   * Joins the oldest message of each key that has messages but no head, once its marker is
+   * older than `orphanGraceMs` (server clock): a keyed enqueue that crashed or threw between its
+   * marker write and its join, and was not retried, would otherwise wait until `repair()` (or be
+   * overtaken by the key's next enqueue). Its record is read first: a marker that outlived a
+   * settled record is dropped. Run by a claim that found less than it wanted (every due message
+   * taken); costs nothing while every key with messages has a head. Failures are left to the
+   * next claim.
+   */
+  async #joinStranded(): Promise<void> {
+    const stranded = this.#index.headless().filter((entry) =>
+      entry.id !== undefined && entry.key !== undefined &&
+      this.#index.serverTimeMs() - entry.markerWrittenMs >= this.#orphanGraceMs
+    );
+    await Promise.all(
+      stranded.map(async (entry) => {
+        // A marker that outlived its settled (or missing) record is dropped instead.
+        const read = await this.#inspect(entry);
+        if (typeof read === "object") await this.#joinKey(entry.key!, entry.id!);
+      }).map((joined) => joined.catch(() => {})),
+    );
+  }
+
   /** Whether the index (synced by the caller) knows `record` as its key's head. */
   #headsKey(record: StoredOutboxRecord): boolean {
     return record.orderingKey === undefined ||
@@ -1232,10 +1349,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /** Joins a stored message to its key when it is keyed and still unsettled. */
-  async #joinIfActive(message: OutboxMessage): Promise<void> {
+  async #joinIfActive({ message, markerRevision }: Stored): Promise<void> {
     if (message.orderingKey === undefined) return;
     if (message.state === "dispatched" || message.state === "dead") return;
-    await this.#joinKey(message.orderingKey, message.id);
+    await this.#joinKey(message.orderingKey, message.id, markerRevision);
   }
 
   /**
@@ -1244,8 +1361,15 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * (a "touch"), so a hand-over that read the entry before cannot leave the key without a head
    * while this message waits: its compare-and-set fails, and it reads again and sees the
    * message. Idempotent: a retry after a lost reply finds itself head, or touches again.
+   *
+   * A join that lands late (its process paused after writing the marker, `markerRevision`) may
+   * find its message already claimed, settled and handed over by others, the key without a
+   * head: it must not name that settled message head again (its marker is gone, so no claim
+   * would read it, and every later message of the key would wait behind it). So before it
+   * creates a head over an entry written after the message's marker (or when that revision is
+   * unknown), it reads the record and joins only if the message is still unsettled.
    */
-  async #joinKey(key: string, id: string): Promise<void> {
+  async #joinKey(key: string, id: string, markerRevision?: number): Promise<void> {
     let state = await this.#knownKey(key);
     let fresh = false;
     for (let round = 1;; round++) {
@@ -1259,7 +1383,14 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       }
       const value: KeyEntry = state.value?.head !== undefined
         ? state.value
-        : { ...state.value, v: 1, key, head: id };
+        : { v: 1, key, head: id, ...pick(state.value?.seq) };
+      if (
+        value.head === id && state.revision > 0 &&
+        (markerRevision === undefined || state.revision > markerRevision)
+      ) {
+        const read = await this.#read(id);
+        if (!read?.ok || read.record.state === "dispatched" || read.record.state === "dead") return;
+      }
       try {
         await this.#writeKey(state, value);
         return;
@@ -1280,8 +1411,20 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * keeps an entry without a head. A compare-and-set on the key entry: of two hand-overs only
    * one moves the head, and a concurrent join makes it read again. Resolves `true` when this
    * call moved the head, `false` when `from` was not (or no longer) the head.
+   *
+   * The entry keeps the revision the hand-over read (`at`): a message settled before it was
+   * named head (a settled message whose marker outlived its settlement, picked as next) has a
+   * record revision below `at`. `settled` (the revision at which the caller read `from`'s
+   * record settled) tells such a head: its hand-over keeps the key's sequence (its own is
+   * older), and a dead one is handed over too instead of blocking the key (with `dead`, only
+   * such a dead head is handed over: a head that died as head keeps its key).
    */
-  async #handOver(key: string, from: string, sequence?: number | null): Promise<boolean> {
+  async #handOver(
+    key: string,
+    from: string,
+    sequence?: number | null,
+    settled?: Settled,
+  ): Promise<boolean> {
     let state = await this.#knownKey(key);
     let fresh = false;
     for (let round = 1;; round++) {
@@ -1291,13 +1434,18 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         fresh = true;
         if (state.value?.head !== from) return false;
       }
+      const stale = settled !== undefined && settledBeforeHead(state.value, settled.revision);
+      if (settled?.dead && !stale) return false;
       await this.#index.caughtUp(state.revision);
       const next = this.#index.nextOf(key, from);
       const value: KeyEntry = { v: 1, key };
       // A sequence given replaces the key's; `null` forgets it (a skipped dead head's).
-      const seq = sequence === undefined ? state.value.seq : sequence ?? undefined;
+      const seq = sequence === undefined || stale ? state.value.seq : sequence ?? undefined;
       if (seq !== undefined) value.seq = seq;
-      if (next?.id !== undefined) value.head = next.id;
+      if (next?.id !== undefined) {
+        value.head = next.id;
+        value.at = state.revision;
+      }
       try {
         await this.#kv.update(state.entryKey, encodeJson(value), state.revision);
         return true;

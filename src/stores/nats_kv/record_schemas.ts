@@ -60,6 +60,8 @@ export const StoredOutboxRecordSchema = Type.Object({
   orderingKey: Type.Optional(Type.String({ minLength: 1 })),
   /** The PubAck sequence of the dispatched mark of a keyed message. */
   sequence: Type.Optional(Type.Integer({ minimum: 1 })),
+  /** A dead head skipped by `unblockKey` (written before its key is handed over). */
+  skipped: Type.Optional(Type.Literal(true)),
 });
 
 /** Schema of an active-index marker (`q.<token>`). */
@@ -84,6 +86,8 @@ export const KeyEntrySchema = Type.Object({
   head: Type.Optional(Type.String({ minLength: 1 })),
   /** The key's last stream sequence (the PubAck of its last dispatched message). */
   seq: Type.Optional(Type.Integer({ minimum: 1 })),
+  /** The entry revision the hand-over that named the head read (see `KeyEntry.at`). */
+  at: Type.Optional(Type.Integer({ minimum: 1 })),
 });
 
 /** Schema of an inbox entry (`i.<consumer token>.<id token>`). */

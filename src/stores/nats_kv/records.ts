@@ -50,6 +50,8 @@ export interface StoredOutboxRecord {
    * hand-over finished later (a retried mark, a claim healing it) records the same key sequence.
    */
   sequence?: number;
+  /** Set on a dead head by `unblockKey(key, { action: "skip" })` before it hands the key over. */
+  skipped?: true;
 }
 
 /** An active-index marker. */
@@ -72,6 +74,12 @@ export interface KeyEntry {
   key: string;
   head?: string;
   seq?: number;
+  /**
+   * The key entry revision the hand-over that named `head` read: every message settled before
+   * that hand-over has a record revision below it (a settled message whose marker outlived its
+   * settlement may be picked as next; its record then tells it apart).
+   */
+  at?: number;
 }
 
 /** An inbox entry. */
