@@ -8,6 +8,7 @@
 import type { KV, KvEntry } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
+import type { OutboxRecord } from "../mod.ts";
 import {
   createInboxBucket,
   createOutboxBucket,
@@ -16,7 +17,7 @@ import {
   type NatsKvOutboxOptions,
   NatsKvOutboxRepository,
 } from "../mod.ts";
-import { outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
+import { keyEntryPrefix, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
 import { connectNats, uniqueName } from "./kit/mod.ts";
 
 /** Per-method call counts, and entries delivered by watches and history scans. */
@@ -136,5 +137,46 @@ export async function openKvFixture(): Promise<KvFixture> {
     },
     close,
     [Symbol.asyncDispose]: close,
+  };
+}
+
+/** KV methods a test can intercept with {@linkcode intercept}. */
+export type KvMethod = "update" | "create" | "put" | "get" | "delete" | "watch";
+
+/** `kv` with `method` replaced by `wrap(original)` (everything else passes through). */
+export function intercept<K extends KvMethod>(
+  kv: KV,
+  method: K,
+  wrap: (original: KV[K]) => KV[K],
+): KV {
+  const original = (kv[method] as (...args: unknown[]) => unknown).bind(kv) as KV[K];
+  const replaced = wrap(original);
+  return new Proxy(kv, {
+    get(target, property) {
+      if (property === method) return replaced;
+      const value = Reflect.get(target, property, target);
+      return typeof value === "function" ? value.bind(target) : value;
+    },
+  });
+}
+
+/** Whether a bucket key is an ordering key's entry (`q._k.<token>`). */
+export function isKeyEntry(key: string): boolean {
+  return key.startsWith(`${keyEntryPrefix}.`);
+}
+
+let keyedCounter = 0;
+
+/** A fresh `event.publish` record of `orderingKey`, its id starting with `prefix`. */
+export function keyedRecord(prefix: string, orderingKey: string): OutboxRecord {
+  keyedCounter += 1;
+  return {
+    id: `${prefix}-${keyedCounter}-${Math.random().toString(36).slice(2, 8)}`,
+    kind: "event.publish",
+    name: "n",
+    subject: "s.a",
+    payload: "{}",
+    headers: {},
+    orderingKey,
   };
 }

@@ -8,42 +8,17 @@
 import assert from "node:assert/strict";
 import type { KV } from "@nats-io/kv";
 import type { OutboxMessage, OutboxRecord } from "../mod.ts";
-import { keyEntryPrefix, markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
-import { countingKv, newCounts, openKvFixture } from "./nats_kv_fixture.ts";
+import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
+import {
+  countingKv,
+  intercept,
+  isKeyEntry,
+  keyedRecord,
+  newCounts,
+  openKvFixture,
+} from "./nats_kv_fixture.ts";
 
-let counter = 0;
-
-function keyed(orderingKey: string): OutboxRecord {
-  counter += 1;
-  return {
-    id: `kr-${counter}-${Math.random().toString(36).slice(2, 8)}`,
-    kind: "event.publish",
-    name: "n",
-    subject: "s.a",
-    payload: "{}",
-    headers: {},
-    orderingKey,
-  };
-}
-
-type Method = "update" | "create" | "put" | "get" | "watch";
-
-/** `kv` with `method` replaced by `wrap(original)`. */
-function intercept<K extends Method>(kv: KV, method: K, wrap: (original: KV[K]) => KV[K]): KV {
-  const original = (kv[method] as (...args: unknown[]) => unknown).bind(kv) as KV[K];
-  const replaced = wrap(original);
-  return new Proxy(kv, {
-    get(target, property) {
-      if (property === method) return replaced;
-      const value = Reflect.get(target, property, target);
-      return typeof value === "function" ? value.bind(target) : value;
-    },
-  });
-}
-
-function isKeyEntry(key: string): boolean {
-  return key.startsWith(`${keyEntryPrefix}.`);
-}
+const keyed = (orderingKey: string): OutboxRecord => keyedRecord("kr", orderingKey);
 
 function headIn(data: unknown): string | undefined {
   const text = typeof data === "string" ? data : new TextDecoder().decode(data as Uint8Array);

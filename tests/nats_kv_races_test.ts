@@ -9,27 +9,10 @@ import assert from "node:assert/strict";
 import type { KV, KvEntry } from "@nats-io/kv";
 import type { OutboxRecord } from "../mod.ts";
 import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
-import { openKvFixture } from "./nats_kv_fixture.ts";
+import { intercept, openKvFixture } from "./nats_kv_fixture.ts";
 
 function record(id: string): OutboxRecord {
   return { id, kind: "event.publish", name: "n", subject: "s.a", payload: "{}", headers: {} };
-}
-
-/** `kv` with `method` replaced by `wrap(original)`. */
-function intercept<K extends "update" | "get">(
-  kv: KV,
-  method: K,
-  wrap: (original: KV[K]) => KV[K],
-): KV {
-  const original = (kv[method] as (...args: unknown[]) => unknown).bind(kv) as KV[K];
-  const replaced = wrap(original);
-  return new Proxy(kv, {
-    get(target, property) {
-      if (property === method) return replaced;
-      const value = Reflect.get(target, property, target);
-      return typeof value === "function" ? value.bind(target) : value;
-    },
-  });
 }
 
 function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
