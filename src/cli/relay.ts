@@ -106,13 +106,13 @@ export const relayCommand: Command = {
     limit: {
       type: "string",
       value: "<n>",
-      default: "256",
+      default: "100",
       description: "Messages claimed per batch",
     },
     "max-in-flight": {
       type: "string",
       value: "<n>",
-      default: "256",
+      default: "100",
       description: "Publishes awaiting a PubAck at once",
     },
     lease: {
@@ -196,8 +196,8 @@ export const relayCommand: Command = {
     if (!natsUrl) {
       throw new CliUsageError("relay: --nats <url> (or OUTBOX_NATS_URL) is required");
     }
-    const limit = integerValue(values, "limit", 256);
-    const maxInFlight = integerValue(values, "max-in-flight", 256);
+    const limit = integerValue(values, "limit", 100);
+    const maxInFlight = integerValue(values, "max-in-flight", 100);
     const leaseMs = durationValue(values, "lease", 30_000);
     const pollMs = durationValue(values, "poll", 1_000);
     const publishTimeoutMs = durationValue(values, "publish-timeout", 5_000);

@@ -38,10 +38,10 @@ import { InFlightWindow } from "./window.ts";
  * @example
  * ```ts
  * import { defaultDispatchLimit } from "@outbox/nats";
- * console.log(defaultDispatchLimit); // 256
+ * console.log(defaultDispatchLimit); // 100
  * ```
  */
-export const defaultDispatchLimit = 256;
+export const defaultDispatchLimit = 100;
 
 /**
  * Default in-flight window: deliveries awaiting their acknowledgement at once.
@@ -49,10 +49,10 @@ export const defaultDispatchLimit = 256;
  * @example
  * ```ts
  * import { defaultMaxInFlight } from "@outbox/nats";
- * console.log(defaultMaxInFlight); // 256
+ * console.log(defaultMaxInFlight); // 100
  * ```
  */
-export const defaultMaxInFlight = 256;
+export const defaultMaxInFlight = 100;
 
 /**
  * What {@linkcode OutboxDispatchHooks.onDispatched} learns about a delivered message.
@@ -148,9 +148,9 @@ export interface OutboxDispatchHooks {
  * ```
  */
 export interface DispatchOutboxOptions extends OutboxDispatchHooks {
-  /** Messages claimed in the batch. @default {256} */
+  /** Messages claimed in the batch. @default {100} */
   limit?: number;
-  /** Deliveries awaiting acknowledgement at once. @default {256} */
+  /** Deliveries awaiting acknowledgement at once. @default {100} */
   maxInFlight?: number;
   /**
    * The claim lease. Every delivery of the batch must finish before

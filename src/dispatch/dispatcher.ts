@@ -80,12 +80,12 @@ export interface ResumedInfo {
  * ```
  */
 export interface OutboxDispatcherOptions extends OutboxDispatchHooks {
-  /** Messages claimed per batch. @default {256} */
+  /** Messages claimed per batch. @default {100} */
   limit?: number;
   /**
    * Deliveries awaiting acknowledgement at once, across the (at most two) batches in flight.
    *
-   * @default {256}
+   * @default {100}
    */
   maxInFlight?: number;
   /**
