@@ -89,11 +89,14 @@ async function nodeRuntime(major: string): Promise<NodeRuntime> {
   const dir = join(cacheRoot(), "node", version);
   const nodedir = join(dir, "node_modules", name);
   const bin = join(nodedir, "bin", "node");
+  if (await reportsVersion(bin, version)) return { major, bin, nodedir };
+  // Missing, or a partial install left by an interrupted run (a truncated binary that crashes):
+  // install into a scratch dir next to the cache entry and move it into place only when the
+  // binary runs, so a cache entry is always whole.
+  console.log(`test:node: installing ${name}@${version} from npm into ${dir}`);
+  const scratch = `${dir}.partial-${crypto.randomUUID().slice(0, 8)}`;
+  await Deno.mkdir(scratch, { recursive: true });
   try {
-    await Deno.stat(bin);
-  } catch {
-    console.log(`test:node: installing ${name}@${version} from npm into ${dir}`);
-    await Deno.mkdir(dir, { recursive: true });
     await run("npm", [
       "install",
       "--no-audit",
@@ -101,9 +104,32 @@ async function nodeRuntime(major: string): Promise<NodeRuntime> {
       "--no-save",
       "--loglevel=error",
       `${name}@${version}`,
-    ], dir);
+    ], scratch);
+    const scratchBin = join(scratch, "node_modules", name, "bin", "node");
+    if (!await reportsVersion(scratchBin, version)) {
+      throw new Error(`test:node: ${name}@${version} from npm does not run (${scratchBin})`);
+    }
+    await Deno.remove(dir, { recursive: true }).catch(() => {});
+    await Deno.rename(scratch, dir);
+  } finally {
+    await Deno.remove(scratch, { recursive: true }).catch(() => {});
   }
   return { major, bin, nodedir };
+}
+
+/** Whether `bin` runs and prints `v<version>`. */
+async function reportsVersion(bin: string, version: string): Promise<boolean> {
+  try {
+    const output = await new Deno.Command(bin, {
+      args: ["--version"],
+      stdout: "piped",
+      stderr: "null",
+    })
+      .output();
+    return output.success && new TextDecoder().decode(output.stdout).trim() === `v${version}`;
+  } catch {
+    return false;
+  }
 }
 
 async function run(cmd: string, args: string[], cwd: string, quiet = false): Promise<string> {
