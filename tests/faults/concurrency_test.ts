@@ -270,6 +270,7 @@ Deno.test("concurrency: 2 processes (2 dispatchers each) on one NATS KV bucket; 
         dispatched: committed.length,
         dead: 0,
         due: 0,
+        blockedKeys: 0,
         oldestDueAgeMs: undefined,
         oldestDueCreatedAt: undefined,
       },
