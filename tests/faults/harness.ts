@@ -496,10 +496,7 @@ export function since(start: number): number {
 
 /**
  * Unstable in CI: skipped when CI=true unless OUTBOX_FAULTS_FLAKY=1; run by `deno task test:faults`
- * everywhere else. The consumer-leader kill under `consumeWithInbox` (cluster_inbox_test.ts) uses
- * it since it stalled for over 60 s after the kill in one of two clean CI runs on 2026-12-01 (it
- * resumes in 7-16 s otherwise; 3 of 3 passes alone; the cause is not pinned down). The
- * frozen-stream-leader scenario uses it as well: with the kit waiting for
+ * everywhere else. Only the frozen-stream-leader scenario uses it: with the kit waiting for
  * a placeable cluster and `readStreamIds` retrying through "temporarily unavailable" and stalled
  * consumers, it passed 5 of 6 runs under CI=true on a loaded 2-core machine, and the sixth hung
  * for 10 minutes before the stalled-read watchdog existed (where it hung was not pinned down).

@@ -29,13 +29,20 @@ const tables = { outbox: config.outboxTable, inbox: config.inboxTable };
 const consumer = await jetstream(nc).consumers.get(config.stream, config.durable);
 
 let commits = 0;
-let handled: string | undefined;
+// The id each transaction's handler applied, per transaction (several run at once with
+// concurrency > 1: one shared variable let a transaction starting elsewhere erase it, and the
+// commits were undercounted).
+const handledIn = new WeakMap<postgres.TransactionSql, string>();
 const running = await consumeWithInbox<JsMsg, postgres.TransactionSql>(consumer, {
   scope: config.durable,
   concurrency: config.concurrency ?? 1,
   transaction: async (work) => {
-    handled = undefined;
-    const result = await sql.begin((tx) => work(tx));
+    let handled: string | undefined;
+    const result = await sql.begin(async (tx) => {
+      const value = await work(tx);
+      handled = handledIn.get(tx);
+      return value;
+    });
     // Committed; consumeWithInbox acks once this resolves.
     if (handled !== undefined) {
       commits += 1;
@@ -53,7 +60,7 @@ const running = await consumeWithInbox<JsMsg, postgres.TransactionSql>(consumer,
       `INSERT INTO ${config.counterTable} (id, n) VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET n = ${config.counterTable}.n + 1`,
       [messageId],
     );
-    handled = messageId;
+    handledIn.set(tx, messageId);
   },
   onDuplicate: (_message, id) => emit({ event: "duplicate", id }),
   onError: (error) => emit({ event: "error", message: String(error) }),
