@@ -205,6 +205,32 @@ Deno.test("nats kv ordering: two instances skipping one blocked key: one skip ap
   assert.deepEqual(claims.map((m) => m.id), [m2.id], "m2 heads the key, m3 waits");
 });
 
+Deno.test("nats kv ordering: a skip that reads the head after another skip's record write and before its hand-over does not apply too", async () => {
+  await using fixture = await openKvFixture();
+  const k = "skip-between";
+  const [m1, m2, m3] = [keyed(k), keyed(k), keyed(k)];
+  const b = fixture.outbox({ kv: fixture.peerKv });
+  let second: boolean | undefined;
+  // a's hand-over (its key-entry write) runs only after b's whole skip.
+  const kv = intercept(fixture.kv, "update", (update) => async (key, data, revision) => {
+    if (isKeyEntry(key) && second === undefined) {
+      second = false;
+      second = await b.unblockKey(k, { action: "skip" });
+    }
+    return await update(key, data, revision);
+  });
+  const a = fixture.outbox({ kv });
+  await a.enqueueMany([m1, m2, m3]);
+  const [claim] = await a.claimDue(10, new Date());
+  assert.equal(await a.markDead(claim, { error: "poison", now: new Date() }), true);
+  await b.claimDue(1, new Date()); // b's index knows the blocked key
+  second = undefined;
+  assert.equal(await a.unblockKey(k, { action: "skip" }), true);
+  assert.equal(second, false, "the second skip found the head skipped: it did not apply");
+  const claims = [...await a.claimDue(10, new Date()), ...await b.claimDue(10, new Date())];
+  assert.deepEqual(claims.map((m) => m.id), [m2.id], "m2 heads the key, m3 waits");
+});
+
 Deno.test("nats kv ordering: two producers and four dispatchers in two instances keep every key's order", async () => {
   await using fixture = await openKvFixture();
   const a = fixture.outbox();

@@ -659,6 +659,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       return false;
     }
     if (action === "retry") return (await this.requeue([headId], now)) === 1;
+    if (head.record.skipped) {
+      // Skipped already, by a concurrent call (read after its record write, before its
+      // hand-over) or by an earlier attempt whose reply was lost: that one applied. Finish its
+      // hand-over (a no-op once done); this call changes nothing.
+      await this.#handOver(valid, headId, null);
+      return false;
+    }
     // The skip is written into the dead record first (a compare-and-set on the revision read
     // dead), and only then is the key handed over: a retry (requeue) that brings the record
     // back before that write makes the skip fail, and one after it finds the record skipped
