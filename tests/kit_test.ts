@@ -50,11 +50,21 @@ Deno.test("kit: a paused NATS answers nothing until resumed", async () => {
   const nc = await connectNats(server.url);
   try {
     server.pause();
+    // SIGSTOP reaches every thread of the server asynchronously: wait until the kernel reports
+    // the process stopped before asking (a PING sent in between could still be answered).
+    if (Deno.build.os === "linux") {
+      await eventually(async () => {
+        const stat = await Deno.readTextFile(`/proc/${server.pid}/stat`);
+        assert.equal(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0], "T");
+      }, { timeoutMs: 5_000, intervalMs: 10 });
+    }
     const rtt = nc.rtt().then(() => "answered", () => "failed");
+    let timer: ReturnType<typeof setTimeout> | undefined;
     const first = await Promise.race([
       rtt,
-      new Promise<string>((resolve) => setTimeout(() => resolve("silent"), 300)),
+      new Promise<string>((resolve) => timer = setTimeout(() => resolve("silent"), 300)),
     ]);
+    clearTimeout(timer);
     assert.equal(first, "silent");
     server.resume();
     assert.equal(await rtt, "answered");
