@@ -100,26 +100,43 @@ async function withListeningOutbox(fn: (fixture: Fixture) => Promise<void>): Pro
   }
 }
 
+/**
+ * Records the ids each claim of `relay` returns. `holdNext(id, done)`: the next claim, once it has
+ * run (its snapshot predates the commit), commits `id` and waits for the commit's notification to
+ * reach the dispatcher before it returns, then calls `done`.
+ */
+function recordClaims(
+  relay: SqlOutboxRepository,
+  commit: (id: string) => Promise<void>,
+  nextWake: () => Promise<void>,
+): { claims: string[][]; holdNext(id: string, done: () => void): void } {
+  const claimDue = relay.claimDue.bind(relay);
+  const claims: string[][] = [];
+  let hold: { id: string; done: () => void } | undefined;
+  relay.claimDue = async (limit, now, options) => {
+    const claimed = await claimDue(limit, now, options);
+    claims.push(claimed.map((m) => m.id));
+    const held = hold;
+    if (held) {
+      hold = undefined;
+      const woke = nextWake();
+      await commit(held.id);
+      await woke;
+      held.done();
+    }
+    return claimed;
+  };
+  return {
+    claims,
+    holdNext: (id, done) => {
+      hold = { id, done };
+    },
+  };
+}
+
 Deno.test("LISTEN wake-up arriving during an in-flight claim that cannot see the row: exactly one more claim takes it (idle polling off)", async () => {
   await withListeningOutbox(async ({ relay, commit, nextWake, listen }) => {
-    const claimDue = relay.claimDue.bind(relay);
-    const claims: string[][] = [];
-    let hold: { id: string; done: () => void } | undefined;
-    relay.claimDue = async (limit, now, options) => {
-      const claimed = await claimDue(limit, now, options);
-      claims.push(claimed.map((m) => m.id));
-      const held = hold;
-      if (held) {
-        // This claim has run: its snapshot predates the commit below. The commit's
-        // notification reaches the dispatcher before this claim returns.
-        hold = undefined;
-        const woke = nextWake();
-        await commit(held.id);
-        await woke;
-        held.done();
-      }
-      return claimed;
-    };
+    const { claims, holdNext } = recordClaims(relay, commit, nextWake);
     const dispatched = new Map<string, () => void>();
     const runtime: OutboxRuntime = { publishPreparedEvent: () => Promise.resolve() };
     const dispatcher = new OutboxDispatcher(relay, runtime, {
@@ -134,7 +151,7 @@ Deno.test("LISTEN wake-up arriving during an in-flight claim that cannot see the
       const absorbed = signal();
       const late = signal();
       dispatched.set("late", late.resolve);
-      hold = { id: "late", done: absorbed.resolve };
+      holdNext("late", absorbed.resolve);
       dispatcher.notify(); // the claim that will absorb the notification
       await within(absorbed.promise, "the held claim");
       await within(late.promise, "the row committed during the claim was never dispatched");
@@ -153,22 +170,7 @@ Deno.test("LISTEN wake-up arriving during an in-flight claim that cannot see the
 
 Deno.test("LISTEN wake-up during a claim that returns a short batch: the next claim starts while that batch is still being published", async () => {
   await withListeningOutbox(async ({ relay, commit, nextWake, listen }) => {
-    const claimDue = relay.claimDue.bind(relay);
-    const claims: string[][] = [];
-    let hold: { id: string; done: () => void } | undefined;
-    relay.claimDue = async (limit, now, options) => {
-      const claimed = await claimDue(limit, now, options);
-      claims.push(claimed.map((m) => m.id));
-      const held = hold;
-      if (held) {
-        hold = undefined;
-        const woke = nextWake();
-        await commit(held.id);
-        await woke;
-        held.done();
-      }
-      return claimed;
-    };
+    const { claims, holdNext } = recordClaims(relay, commit, nextWake);
     // The first message's publish is not acknowledged until the test says so.
     const release = signal();
     const published: string[] = [];
@@ -194,7 +196,7 @@ Deno.test("LISTEN wake-up during a claim that returns a short batch: the next cl
       const first = signal();
       dispatched.set("first", first.resolve);
       dispatched.set("second", second.resolve);
-      hold = { id: "second", done: absorbed.resolve };
+      holdNext("second", absorbed.resolve);
       const wrapped = relay.claimDue;
       relay.claimDue = async (limit, now, options) => {
         const claimed = await wrapped(limit, now, options);
