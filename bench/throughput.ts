@@ -748,14 +748,15 @@ async function main(): Promise<void> {
       };
       const a = medianRate("a");
       const b = medianRate("b");
+      const ceiling = medianRate("p");
       lines.push(
         "",
         `${count.toLocaleString("en")} messages of ${
           records("x", "p", 1)[0].payload.length
         } bytes, 16 subjects, Nats-Msg-Id on every message; median of ${rounds} round(s) (min - max):`,
         "",
-        "| scenario | msg/s | ratio to (a) | ratio to (b) | CPU µs/msg | Postgres CPU µs/msg | peak RSS (MB) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| scenario | msg/s | ratio to (a) | ratio to (b) | of the ceiling (p) | CPU µs/msg | Postgres CPU µs/msg | peak RSS (MB) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
       );
       for (const scenario of selected) {
         const list = results.get(scenario.id);
@@ -773,7 +774,9 @@ async function main(): Promise<void> {
         lines.push(
           `| ${scenario.label} | ${fmt(m)}${range} | ${ratio(a && m / a)} | ${
             ratio(b && m / b)
-          } | ${medianOf(cpuPerMessage)} | ${medianOf(serverCpuPerMessage)} | ${mb(peak)} |`,
+          } | ${ceiling ? (m / ceiling).toFixed(2) : "-"} | ${medianOf(cpuPerMessage)} | ${
+            medianOf(serverCpuPerMessage)
+          } | ${mb(peak)} |`,
         );
       }
       const pg = medianRate("pg");
