@@ -50,6 +50,7 @@ import {
 } from "../../core/validate.ts";
 import { decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
 import { type OutboxStatements, outboxStatements } from "./dialects.ts";
+import { planGeneration, withPlanGeneration } from "./plan_generations.ts";
 import type { SqlExecutor, SqlRow } from "./executors.ts";
 import { outboxColumnsV3 } from "./schema.ts";
 import { withSchemaErrors } from "./schema_errors.ts";
@@ -133,7 +134,11 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   readonly dialect: SqlDialect;
   /** The validated table names. */
   readonly tables: ResolvedSqlOutboxTables;
-  readonly #sql: OutboxStatements;
+  /** The statements of the current plan generation (see plan_generations.ts). */
+  #sql: OutboxStatements;
+  readonly #statements: OutboxStatements;
+  /** Messages this repository has claimed (Postgres: what the plan generation follows). */
+  #claimed = 0;
   readonly #channel: string | undefined;
   readonly #maxPayloadBytes: number;
 
@@ -154,7 +159,8 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     }
     this.executor = withSchemaErrors(executor, this.dialect, this.tables, this.tables.outbox);
     this.#channel = notifyChannel(options.notify, this.dialect, this.tables);
-    this.#sql = outboxStatements(this.dialect, this.tables, this.#channel !== undefined);
+    this.#statements = outboxStatements(this.dialect, this.tables, this.#channel !== undefined);
+    this.#sql = this.#statements;
     this.#maxPayloadBytes = checkedMaxPayloadBytes(options.maxPayloadBytes);
   }
 
@@ -292,6 +298,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
         if (rows.length === 0) throw error;
       }
     }
+    if (this.dialect === "postgres") this.#countClaimed(rows.length);
     // RETURNING gives no order: restore the claim order (seq).
     rows.sort((a, b) => (integer(a.seq) ?? 0) - (integer(b.seq) ?? 0));
     const claimed: OutboxMessage[] = [];
@@ -311,6 +318,18 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       }
     }
     return claimed;
+  }
+
+  /**
+   * Postgres: counts claimed messages, and moves to the next plan generation when the count
+   * passes its threshold, so the statements are prepared and planned again on the table as it
+   * is now (plan_generations.ts).
+   */
+  #countClaimed(count: number): void {
+    const before = planGeneration(this.#claimed);
+    this.#claimed += count;
+    const after = planGeneration(this.#claimed);
+    if (after !== before) this.#sql = withPlanGeneration(this.#statements, after);
   }
 
   /** Settles a claim as dispatched (fenced); `false` when the claim was superseded. */

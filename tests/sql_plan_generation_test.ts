@@ -1,0 +1,117 @@
+/**
+ * A relay whose connection prepared its statements while the outbox was empty must not keep
+ * reading the whole table as the history grows. postgres.js prepares named statements, and
+ * Postgres keeps the generic plan it made after five executions until the table is analyzed: on
+ * an empty table that plan is a sequential scan. Autovacuum is off for the table here (so no
+ * ANALYZE rescues it); asserted on the rows the table's sequential scans read (the server's
+ * statistics, flushed when the relay's connection closes), never on time.
+ */
+
+import assert from "node:assert/strict";
+import postgres from "postgres";
+import { migrate, type OutboxRecord, postgresJsExecutor, SqlOutboxRepository } from "../mod.ts";
+import { planGeneration } from "../src/stores/sql/plan_generations.ts";
+import { postgresUrl } from "./kit/mod.ts";
+import { dropPostgresTables, uniqueTables } from "./sql/harness.ts";
+
+const history = 50_000;
+
+function records(from: number, count: number): OutboxRecord[] {
+  return Array.from({ length: count }, (_, k) => ({
+    id: `m-${from + k}`,
+    kind: "event.publish" as const,
+    name: "order.created",
+    subject: "orders.created",
+    payload: JSON.stringify({ n: from + k, pad: "x".repeat(150) }),
+    headers: {},
+  }));
+}
+
+Deno.test("postgres: a relay that started on an empty outbox plans its statements again as it claims", async () => {
+  const url = await postgresUrl();
+  const admin = postgres(url, { max: 1, onnotice: () => {} });
+  // ONE connection for the relay: its prepared statements are the ones that matter.
+  const relaySql = postgres(url, { max: 1, onnotice: () => {} });
+  const tables = uniqueTables();
+  const o = tables.outbox;
+  let relayOpen = true;
+  try {
+    await migrate(postgresJsExecutor(admin), { dialect: "postgres", tables });
+    await admin.unsafe(`ALTER TABLE ${o} SET (autovacuum_enabled = false)`);
+    const producer = new SqlOutboxRepository(postgresJsExecutor(admin), "postgres", tables);
+    const relay = new SqlOutboxRepository(postgresJsExecutor(relaySql), "postgres", tables);
+    const drain = async (limit: number) => {
+      let total = 0;
+      while (true) {
+        const claimed = await relay.claimDue(limit, new Date());
+        if (claimed.length === 0) return total;
+        total += claimed.length;
+        const marks = await relay.markMany(
+          claimed.map((claim, i) =>
+            i % 10 === 9
+              ? { claim, state: "failed" as const, error: "x", nextAttemptAt: new Date(0) }
+              : { claim, state: "dispatched" as const }
+          ),
+          new Date(),
+        );
+        assert.ok(marks.every(Boolean));
+      }
+    };
+
+    // A new deployment: a few messages, one at a time (the statements' plans are made now).
+    let next = 0;
+    for (let i = 0; i < 10; i++) {
+      await producer.enqueue(records(next++, 1)[0]);
+      await drain(1);
+    }
+    // Then traffic: 5,000 messages, relayed in batches of 100 (history kept).
+    await producer.enqueueMany(records(next, 5_000));
+    next += 5_000;
+    assert.ok((await drain(100)) >= 5_000);
+    // A long history (as months of traffic would leave), then steady traffic again.
+    await admin.unsafe(
+      `INSERT INTO ${o} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at)
+       SELECT 'h-' || g, 'event.publish', 'old', 'orders.old', repeat('x', 160), '{}'::jsonb, 'dispatched', 1, now(), now()
+       FROM generate_series(1, ${history}) AS g`,
+    );
+    for (let i = 0; i < 30; i++) {
+      await producer.enqueueMany(records(next, 5));
+      next += 5;
+      await drain(100);
+    }
+    // Closing the relay's connection flushes its backend's statistics.
+    await relaySql.end();
+    relayOpen = false;
+    let read = 0;
+    for (let wait = 0; wait < 20; wait++) {
+      await admin.unsafe("SELECT pg_stat_clear_snapshot()");
+      const [row] = await admin.unsafe(
+        `SELECT coalesce(seq_tup_read, 0)::bigint AS n FROM pg_stat_user_tables WHERE relname = $1`,
+        [o],
+      );
+      read = Number(row?.n ?? 0);
+      if (read > 0) break;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    // With the plans made on the empty table, each of the last 30 rounds' statements reads all
+    // 55,000 rows (millions in all); planned again on the grown table, they probe indexes. What
+    // the first 5,000 messages cost while the table was still small is well under the bound.
+    assert.ok(
+      read < 1_500_000,
+      `the table's sequential scans read ${read} rows: the relay kept plans made on an empty table`,
+    );
+  } finally {
+    if (relayOpen) await relaySql.end();
+    await dropPostgresTables(postgresJsExecutor(admin), tables);
+    await admin.end();
+  }
+});
+
+Deno.test("plan generations: the statements are planned again at 64, 256, ... 65,536 claimed", () => {
+  assert.deepEqual(
+    [0, 63, 64, 255, 256, 1_023, 1_024, 4_096, 16_384, 65_535, 65_536, 10_000_000].map(
+      planGeneration,
+    ),
+    [0, 0, 1, 1, 2, 2, 3, 4, 5, 5, 6, 6],
+  );
+});
