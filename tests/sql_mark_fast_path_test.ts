@@ -107,6 +107,24 @@ const cases: Array<{ name: string; run(outbox: SqlOutboxRepository): Promise<voi
     },
   },
   {
+    name: "a claim from before a requeue does not apply to the claim after it (same attempts)",
+    async run(outbox) {
+      await outbox.enqueueMany(["a", "b"].map((id) => record(id)));
+      const before = await outbox.claimDue(2, t0);
+      assert.deepEqual(
+        await outbox.markMany(before.map((claim) => ({ claim, state: "dead", error: "x" })), t0),
+        [true, true],
+      );
+      assert.equal(await outbox.requeue(["a", "b"], at(1)), 2);
+      const after = await outbox.claimDue(2, at(2));
+      assert.deepEqual(after.map((m) => m.attempts), before.map((m) => m.attempts));
+      assert.deepEqual(await outbox.markMany(before.map(dispatched), at(3)), [false, false]);
+      assert.equal((await outbox.get("a"))?.claimToken, after[0].claimToken);
+      assert.equal((await outbox.get("a"))?.state, "claimed");
+      assert.deepEqual(await outbox.markMany(after.map(dispatched), at(4)), [true, true]);
+    },
+  },
+  {
     name: "a claimer that writes no token (older version) supersedes by attempts",
     async run(outbox) {
       await outbox.enqueueMany(["a", "b"].map((id) => record(id)));
@@ -118,6 +136,22 @@ const cases: Array<{ name: string; run(outbox: SqlOutboxRepository): Promise<voi
       const a = await outbox.get("a");
       assert.equal(a?.state, "claimed");
       assert.equal(a?.attempts, 2);
+    },
+  },
+  {
+    name: "one claim's rows with different attempts, one superseded by a tokenless claimer",
+    async run(outbox) {
+      await outbox.enqueueMany(["a", "b", "c"].map((id) => record(id)));
+      const [a1] = await outbox.claimDue(1, t0);
+      await outbox.markMany([{ claim: a1, state: "failed", error: "x", nextAttemptAt: t0 }], t0);
+      const claimed = await outbox.claimDue(3, at(1), { leaseMs: 1_000 });
+      assert.deepEqual(claimed.map((m) => [m.id, m.attempts]), [["a", 2], ["b", 1], ["c", 1]]);
+      assert.equal(new Set(claimed.map((m) => m.claimToken)).size, 1);
+      const { table, query } = raw(outbox);
+      await query(`UPDATE ${table} SET attempts = attempts + 1 WHERE id = $1`, ["c"]);
+      assert.deepEqual(await outbox.markMany(claimed.map(dispatched), at(2)), [true, true, false]);
+      assert.equal((await outbox.get("a"))?.state, "dispatched");
+      assert.equal((await outbox.get("c"))?.state, "claimed");
     },
   },
   {
