@@ -348,7 +348,9 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
    * boolean per mark. When a mark with a token does not apply, a second statement checks
    * whether the same claim had already applied it (a retry after a lost reply): then it is
    * `true`. A batch naming one id twice is settled in input order, one statement per
-   * repetition, so a later mark sees the earlier one's effect.
+   * repetition, so a later mark sees the earlier one's effect. A batch of `dispatched` marks
+   * with tokens and nothing else to record (no outcome, no sequence) first runs a plain fenced
+   * update of its rows without an ordering key; the marks it leaves take the path above.
    */
   async markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
     if (marks.length === 0) return [];
