@@ -92,6 +92,11 @@ Deno.test("postgres: with 200k dispatched rows the claim reads only the claim in
 
     assert.ok(markNodes.some((node) => node["Index Name"] === `${o}_pkey`), "marks use the pkey");
     assert.ok(!markNodes.some((node) => node["Node Type"] === "Seq Scan"));
+    // So does the common batch's fast mark.
+    const fenced = JSON.stringify(Object.fromEntries(ids.map((id) => [id, [0, "token"]])));
+    const fastNodes = planNodes(await explain(statements.markDispatchedFast, [fenced, now]));
+    assert.ok(fastNodes.some((node) => node["Index Name"] === `${o}_pkey`), "fast mark: pkey");
+    assert.ok(!fastNodes.some((node) => node["Node Type"] === "Seq Scan"));
 
     // A periodic prune that finds nothing old enough reads the retention index, not the table.
     const prune = await explain(statements.prune.dispatched, ["2000-01-01T00:00:00.000Z", 1000]);
@@ -139,6 +144,38 @@ Deno.test("postgres: a claim of 500 on a table of 20k pending rows probes rows b
   }
 });
 
+Deno.test("postgres: the fast mark's generic plan, made on an empty table, probes the primary key", async () => {
+  // A relay prepares its statements once per connection and Postgres soon reuses a generic
+  // plan; made while the table was small, a join of the marks to the table was a hash join over
+  // a sequential scan of the whole table, kept as the table grew.
+  const sql = postgres(await postgresUrl(), { max: 1, onnotice: () => {} });
+  const tables = uniqueTables();
+  const executor = postgresJsExecutor(sql);
+  try {
+    await migrate(executor, { dialect: "postgres", tables });
+    const statements = outboxStatements("postgres", resolveSqlOutboxTables(tables), false);
+    let nodes: PlanNode[] = [];
+    await sql.begin(async (tx) => {
+      await tx.unsafe("SET LOCAL plan_cache_mode = force_generic_plan");
+      await tx.unsafe(`PREPARE fast_mark(text, text) AS ${statements.markDispatchedFast}`)
+        .simple();
+      const [row] = await tx.unsafe(
+        `EXPLAIN (FORMAT JSON) EXECUTE fast_mark('{"a": [1, "t"]}', '2026-01-01T00:00:00.000Z')`,
+      ).simple();
+      nodes = planNodes((row["QUERY PLAN"] as Array<{ Plan: PlanNode }>)[0].Plan);
+      await tx.unsafe("DEALLOCATE fast_mark").simple();
+    });
+    assert.ok(
+      nodes.some((node) => node["Index Name"] === `${tables.outbox}_pkey`),
+      JSON.stringify(nodes.map((node) => node["Node Type"])),
+    );
+    assert.ok(!nodes.some((node) => node["Node Type"] === "Seq Scan"));
+  } finally {
+    await dropPostgresTables(executor, tables);
+    await sql.end();
+  }
+});
+
 Deno.test("sqlite: with 200k dispatched rows the claim reads only the covering claim index", async () => {
   const dir = await Deno.makeTempDir({ prefix: "outbox_plan_" });
   const db = openSqlite(`${dir}/app.db`);
@@ -178,6 +215,12 @@ Deno.test("sqlite: with 200k dispatched rows the claim reads only the covering c
       marks.some((detail) => detail.includes("USING INDEX sqlite_autoindex")),
       marks.join(" | "),
     );
+    const fast = plan(statements.markDispatchedFast);
+    assert.ok(
+      fast.some((detail) => detail.includes("USING INDEX sqlite_autoindex")),
+      fast.join(" | "),
+    );
+    assert.ok(!fast.some((detail) => /^SCAN t$/.test(detail)), fast.join(" | "));
     const prune = plan(statements.prune.dispatched);
     assert.ok(
       prune.some((detail) => detail.includes("trellis_outbox_retention_idx")),

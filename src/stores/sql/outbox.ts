@@ -367,7 +367,9 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
    * boolean per mark. When a mark with a token does not apply, a second statement checks
    * whether the same claim had already applied it (a retry after a lost reply): then it is
    * `true`. A batch naming one id twice is settled in input order, one statement per
-   * repetition, so a later mark sees the earlier one's effect.
+   * repetition, so a later mark sees the earlier one's effect. A batch of `dispatched` marks
+   * with tokens and nothing else to record (no outcome, no sequence) first runs a plain fenced
+   * update of its rows without an ordering key; the marks it leaves take the path above.
    */
   async markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
     if (marks.length === 0) return [];
@@ -397,11 +399,29 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
         payload.push(mark);
         indexById.set(mark.id, index);
       }
-      if (payload.length > 0) {
+      // The common batch (every mark dispatched with a token, nothing else to record) goes
+      // through a plain fenced update first; what it leaves (superseded, already applied, keyed
+      // rows) takes the full path below, exactly as if it had been the batch.
+      let rest = payload;
+      if (payload.length > 0 && payload.every(isPlainDispatch)) {
+        // No prototype: an id such as "__proto__" is a key like any other.
+        const fenced: Record<string, [number, string | null]> = Object.create(null);
+        for (const mark of payload) fenced[mark.id] = [mark.attempts, mark.token];
+        const rows = await this.executor.query(this.#sql.markDispatchedFast, [
+          JSON.stringify(fenced),
+          nowIso,
+        ]);
+        for (const row of rows) {
+          const index = indexById.get(row.id as string);
+          if (index !== undefined) results[index] = true;
+        }
+        if (rows.length > 0) rest = payload.filter((mark) => !results[indexById.get(mark.id)!]);
+      }
+      if (rest.length > 0) {
         // The key fence: key sequences are recorded with the marks (see keySequences in
         // dialects.ts): in the same statement on Postgres, just before it on SQLite.
-        const recording = payload.some((mark) => mark.sequence !== null || mark.state === "dead");
-        const json = JSON.stringify(payload);
+        const recording = rest.some((mark) => mark.sequence !== null || mark.state === "dead");
+        const json = JSON.stringify(rest);
         if (recording) {
           for (const statement of this.#sql.keySequences) {
             await this.executor.query(statement, [json]);
@@ -418,7 +438,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
           if (index !== undefined) results[index] = true;
           if (truthy(row.stale)) stale.push(row.id as string);
         }
-        const unsure = payload.filter((mark) =>
+        const unsure = rest.filter((mark) =>
           mark.token !== null && !results[indexById.get(mark.id)!]
         );
         if (unsure.length > 0) {
@@ -643,6 +663,16 @@ interface EncodedMark {
   outcome: string | null;
   /** The key fence: the PubAck's stream sequence of a dispatched mark. */
   sequence: number | null;
+}
+
+/**
+ * A mark `markDispatchedFast` can settle: dispatched, with a claim token, and nothing else to
+ * write or record (no outcome, no key sequence). An id no stored message can have (NUL, a lone
+ * surrogate: refused at enqueue), which Postgres's jsonb would refuse, takes the full path.
+ */
+function isPlainDispatch(mark: EncodedMark): boolean {
+  return mark.state === "dispatched" && mark.token !== null && mark.outcome === null &&
+    mark.sequence === null && !mark.id.includes("\u0000") && mark.id.isWellFormed();
 }
 
 /** The key fence: a claimed keyed message carries its key's last stream sequence, if known. */
