@@ -1,0 +1,316 @@
+/**
+ * The KV operations of the NATS KV stores (`get`, `put`, `update`, `create`, `delete`), sent
+ * over a {@link ./reply_mux.ts} instead of `nc.request`, whose per-request timer, promise race
+ * and Errors cost more CPU than the rest of a KV write.
+ *
+ * Only for a `Bucket` of `@nats-io/kv` 3.4 (this package's copy) whose methods are the class's
+ * own: each operation runs the bucket's own steps (key encoding and validation, value codec,
+ * subjects, entry decoding) with the same headers, and only the transport differs. Any other
+ * KV-shaped object (a wrapper, another copy or version) gets its own methods, unchanged.
+ *
+ * Outcomes are those of `@nats-io/kv` 3.4.0: the PubAck is parsed by the bucket's JetStream
+ * client (`parseJsResponse`: the same `JetStreamApiError` for a lost compare-and-set),
+ * `create` retries over a DEL/PURGE tombstone, `get` returns `null` for a missing key and the
+ * tombstone entry for a deleted one, timeouts are the JetStream client's. A reply whose error
+ * nats.js would build differently is left to the bucket: a read is sent again by `kv.get`, and a
+ * write answered by "no responders" (no stream took it: nothing applied) by the bucket's own
+ * method, so its error is exactly the library's.
+ *
+ * @module
+ */
+
+import { Bucket, type KV, type KvEntry } from "@nats-io/kv";
+import {
+  DirectMsgHeaders,
+  JetStreamApiError,
+  JetStreamError,
+  PubHeaders,
+} from "@nats-io/jetstream";
+import { headers, type Msg, type MsgHdrs } from "@nats-io/nats-core";
+import { type ReplyMuxConnection, replyMuxFor } from "./reply_mux.ts";
+
+/** The bucket's JetStream client, as this module uses it (`JetStreamClientImpl`). */
+interface JsClient {
+  nc: ReplyMuxConnection;
+  timeout: number;
+  parseJsResponse(msg: Msg): { stream: string; seq: number };
+}
+
+/** The bucket manager's direct-get API, as this module uses it (`DirectStreamAPIImpl`). */
+interface DirectApi {
+  nc: ReplyMuxConnection;
+  timeout: number;
+  opts: { apiPrefix?: string };
+}
+
+type StoredMsg = Parameters<Bucket["smToEntry"]>[0];
+
+/** The `Bucket` methods whose steps this module reproduces: all must be the class's own. */
+const ownMethods = [
+  "get",
+  "put",
+  "_put",
+  "update",
+  "create",
+  "delete",
+  "_deleteOrPurge",
+  "_doDeleteOrPurge",
+  "encodeKey",
+  "subjectForKey",
+  "bucketName",
+  "smToEntry",
+] as const;
+
+const empty = new Uint8Array(0);
+const kvOperationHeader = "KV-Operation";
+/** JetStream API codes of a lost compare-and-set (`create` then looks for a tombstone). */
+const wrongLastSequence = [10071, 10164];
+/** A stream name `validateStreamName` accepts (narrower: anything else goes to the bucket). */
+const plainStreamName = /^[-\w]+$/;
+
+/**
+ * A KV's hot operations: pipelined for a plain `@nats-io/kv` `Bucket`, else the KV's own.
+ *
+ * @example
+ * ```ts ignore
+ * const requests = new KvRequests(kv);
+ * const revision = await requests.put("m.abc", "{}");
+ * await requests.update("m.abc", "{}", revision);
+ * ```
+ */
+export class KvRequests {
+  readonly #kv: KV;
+  readonly #bucket: Bucket | undefined;
+
+  /** Uses `kv`; the pipelined path when it is a plain `Bucket` of this package's copy. */
+  constructor(kv: KV) {
+    this.#kv = kv;
+    this.#bucket = plainBucket(kv);
+  }
+
+  /** Whether the operations bypass the KV's methods. */
+  get pipelined(): boolean {
+    return this.#bucket !== undefined;
+  }
+
+  /** `kv.get(key)`. */
+  get(key: string): Promise<KvEntry | null> {
+    const bucket = this.#bucket;
+    return bucket?.direct ? this.#directGet(bucket, key) : this.#kv.get(key);
+  }
+
+  /** `kv.put(key, value)`. */
+  put(key: string, value: Uint8Array | string): Promise<number> {
+    const bucket = this.#bucket;
+    if (bucket === undefined) return this.#kv.put(key, value);
+    return this.#put(bucket, key, value, undefined, undefined).then((seq) =>
+      seq ?? this.#kv.put(key, value)
+    );
+  }
+
+  /** `kv.update(key, value, revision)` (throws at once for a revision <= 0, as it does). */
+  update(key: string, value: Uint8Array | string, revision: number): Promise<number> {
+    const bucket = this.#bucket;
+    if (bucket === undefined) return this.#kv.update(key, value, revision);
+    if (revision <= 0) throw new Error("version must be greater than 0");
+    return this.#put(bucket, key, value, revision, undefined).then((seq) =>
+      seq ?? this.#kv.update(key, value, revision)
+    );
+  }
+
+  /** `kv.create(key, value, markerTTL)`. */
+  create(key: string, value: Uint8Array | string, markerTTL?: string): Promise<number> {
+    const bucket = this.#bucket;
+    if (bucket === undefined) return this.#kv.create(key, value, markerTTL);
+    return this.#create(bucket, key, value, markerTTL);
+  }
+
+  /** `kv.delete(key, options)`. */
+  delete(key: string, options?: { previousSeq?: number }): Promise<void> {
+    const bucket = this.#bucket;
+    if (bucket === undefined) return this.#kv.delete(key, options);
+    return this.#delete(bucket, key, options);
+  }
+
+  /** `Bucket#create`: a put expecting no entry, retried over a DEL/PURGE tombstone. */
+  async #create(
+    bucket: Bucket,
+    key: string,
+    value: Uint8Array | string,
+    markerTTL: string | undefined,
+  ): Promise<number> {
+    let seq: number | undefined;
+    let failed = false;
+    let firstError: unknown;
+    try {
+      seq = await this.#put(bucket, key, value, 0, markerTTL);
+    } catch (error) {
+      failed = true;
+      firstError = error;
+      if (
+        error instanceof JetStreamApiError && !wrongLastSequence.includes(error.code)
+      ) throw error;
+    }
+    if (!failed) return seq ?? await this.#kv.create(key, value, markerTTL);
+    const entry = await this.get(key);
+    if (entry?.operation === "DEL" || entry?.operation === "PURGE") {
+      const previousSeq = entry.revision;
+      const seq = await this.#put(bucket, key, value, previousSeq, markerTTL);
+      return seq ?? await bucket._put(key, value, { previousSeq }, markerTTL);
+    }
+    throw firstError;
+  }
+
+  /** `Bucket#_put`; `undefined` when no stream answered (nothing written). */
+  async #put(
+    bucket: Bucket,
+    key: string,
+    value: Uint8Array | string,
+    previousSeq: number | undefined,
+    markerTTL: string | undefined,
+  ): Promise<number | undefined> {
+    const encoded = bucket.encodeKey(key);
+    bucket.validateKey(encoded);
+    const data = bucket.codec.value.encode(value);
+    // js.publish sends headers even when there are none (an empty block).
+    const h = headers();
+    if (previousSeq !== undefined) {
+      h.set(PubHeaders.ExpectedLastSubjectSequenceHdr, `${previousSeq}`);
+    }
+    // As _put does: the TTL header only reaches the message along with a previousSeq one.
+    if (markerTTL && previousSeq !== undefined) h.set(PubHeaders.MessageTTL, markerTTL);
+    return await this.#publish(bucket, bucket.subjectForKey(encoded, true), data, h);
+  }
+
+  /** `Bucket#delete` of one key; a wildcard key goes to the bucket (it lists keys). */
+  async #delete(
+    bucket: Bucket,
+    key: string,
+    options: { previousSeq?: number } | undefined,
+  ): Promise<void> {
+    if (bucket.hasWildcards(key)) return await this.#kv.delete(key, options);
+    const encoded = bucket.encodeKey(key);
+    bucket.validateKey(encoded);
+    const h = headers();
+    h.set(kvOperationHeader, "DEL");
+    if (options?.previousSeq) {
+      h.set(PubHeaders.ExpectedLastSubjectSequenceHdr, `${options.previousSeq}`);
+    }
+    const seq = await this.#publish(bucket, bucket.subjectForKey(encoded, true), empty, h);
+    if (seq === undefined) await this.#kv.delete(key, options);
+  }
+
+  /** `js.publish`: the PubAck's sequence, or `undefined` for "no responders". */
+  async #publish(
+    bucket: Bucket,
+    subject: string,
+    data: Uint8Array,
+    h: MsgHdrs,
+  ): Promise<number | undefined> {
+    const js = bucket.js as unknown as JsClient;
+    const reply = await replyMuxFor(js.nc).request(subject, data, h, js.timeout || 1000);
+    if (isNoResponders(reply)) return undefined;
+    const ack = js.parseJsResponse(reply);
+    if (ack.stream === "") throw new JetStreamError("invalid ack response");
+    return ack.seq;
+  }
+
+  /** `Bucket#get` with a direct get; any reply but a message or "not found" goes to `kv.get`. */
+  async #directGet(bucket: Bucket, key: string): Promise<KvEntry | null> {
+    const encoded = bucket.encodeKey(key);
+    bucket.validateKey(encoded);
+    const stream = bucket.bucketName();
+    const direct = bucket.jsm.direct as unknown as DirectApi;
+    const timeout = direct.timeout || 1000;
+    if (!plainStreamName.test(stream) || timeout < 1) return await this.#kv.get(key);
+    const subject = `${direct.opts.apiPrefix || "$JS.API"}.DIRECT.GET.${stream}.${
+      bucket.subjectForKey(encoded)
+    }`;
+    const reply = await replyMuxFor(direct.nc).request(subject, empty, undefined, timeout);
+    const status = reply.headers;
+    if (status !== undefined && status.code === 0) {
+      const entry = bucket.smToEntry(new DirectMessage(reply.data, status));
+      return (entry as { rawKey?: string }).rawKey === encoded ? entry : null;
+    }
+    if (status?.code === 404 && status.description.toLowerCase() === "message not found") {
+      return null;
+    }
+    return await this.#kv.get(key);
+  }
+}
+
+/** `kv` as a `Bucket` when it is one whose methods are all the class's own. */
+function plainBucket(kv: KV): Bucket | undefined {
+  if (Object.getPrototypeOf(kv) !== Bucket.prototype) return undefined;
+  const bucket = kv as Bucket;
+  for (const name of ownMethods) {
+    if (bucket[name] !== Bucket.prototype[name]) return undefined;
+  }
+  const js = bucket.js as unknown as Partial<JsClient> | undefined;
+  if (typeof js?.parseJsResponse !== "function" || !isConnection(js.nc)) return undefined;
+  const direct = (bucket.jsm as { direct?: Partial<DirectApi> } | undefined)?.direct;
+  if (!isConnection(direct?.nc) || typeof direct.opts !== "object") return undefined;
+  return bucket;
+}
+
+function isConnection(nc: unknown): nc is ReplyMuxConnection {
+  const candidate = nc as Partial<ReplyMuxConnection> | undefined;
+  return typeof candidate?.publish === "function" && typeof candidate.subscribe === "function" &&
+    typeof candidate.closed === "function";
+}
+
+function isNoResponders(msg: Msg): boolean {
+  return msg.data.length === 0 && msg.headers?.code === 503;
+}
+
+/** A direct-get reply as `DirectMsgImpl` of `@nats-io/jetstream` reads it. */
+class DirectMessage implements StoredMsg {
+  readonly data: Uint8Array;
+  readonly header: MsgHdrs;
+
+  constructor(data: Uint8Array, header: MsgHdrs) {
+    this.data = data;
+    this.header = header;
+  }
+
+  get subject(): string {
+    return this.header.last(DirectMsgHeaders.Subject);
+  }
+
+  get seq(): number {
+    return this.#number(DirectMsgHeaders.Sequence, 0);
+  }
+
+  get time(): Date {
+    return new Date(Date.parse(this.timestamp));
+  }
+
+  get timestamp(): string {
+    return this.header.last(DirectMsgHeaders.TimeStamp);
+  }
+
+  get stream(): string {
+    return this.header.last(DirectMsgHeaders.Stream);
+  }
+
+  get lastSequence(): number {
+    return this.#number(DirectMsgHeaders.LastSequence, 0);
+  }
+
+  get pending(): number {
+    return this.#number(DirectMsgHeaders.NumPending, -1);
+  }
+
+  json<T>(reviver?: (key: string, value: unknown) => unknown): T {
+    return JSON.parse(this.string(), reviver);
+  }
+
+  string(): string {
+    return new TextDecoder().decode(this.data);
+  }
+
+  #number(name: string, missing: number): number {
+    const value = this.header.last(name);
+    return typeof value === "string" ? parseInt(value) : missing;
+  }
+}
