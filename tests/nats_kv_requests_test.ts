@@ -140,102 +140,95 @@ function normalise(o: Outcome): unknown {
   );
 }
 
-Deno.test("kv requests: every outcome is the bucket's own (CAS, create over tombstones, gets, errors)", async () => {
-  await withBucket(async (kv, requests) => {
-    const scenarios: Record<string, (ops: Ops, key: string) => Promise<unknown>> = {
-      "put, get": async (ops, key) => {
-        const revision = await ops.put(key, "one");
-        const entry = entryShape(await ops.get(key));
-        assert.equal(entry?.revision, revision);
-        return entry;
-      },
-      "update with the right revision": async (ops, key) => {
-        const revision = await ops.put(key, "one");
-        const next = await ops.update(key, new Uint8Array([1, 2, 3]), revision);
-        assert.ok(next > revision);
-        return entryShape(await ops.get(key));
-      },
-      "update with a stale revision: wrong last sequence": async (ops, key) => {
-        const revision = await ops.put(key, "one");
-        await ops.put(key, "two");
-        return await ops.update(key, "three", revision);
-      },
-      "update of a missing key": (ops, key) => ops.update(key, "x", 5),
-      "update with revision 0 throws at once": (ops, key) => {
-        try {
-          ops.update(key, "x", 0);
-        } catch (error) {
-          return Promise.resolve(`sync: ${(error as Error).message}`);
-        }
-        return Promise.resolve("no sync throw");
-      },
-      "create on an existing key": async (ops, key) => {
-        await ops.create(key, "one");
-        return await ops.create(key, "two");
-      },
-      "create over a DEL tombstone": async (ops, key) => {
-        const revision = await ops.create(key, "one");
-        await ops.delete(key, { previousSeq: revision });
-        const deleted = entryShape(await ops.get(key));
-        const again = await ops.create(key, "two");
-        assert.ok(again > (deleted?.revision ?? Infinity));
-        return [deleted, entryShape(await ops.get(key))];
-      },
-      "create over a PURGE tombstone": async (ops, key) => {
-        await ops.put(key, "one");
-        await kv.purge(key);
-        const purged = entryShape(await ops.get(key));
-        await ops.create(key, "two");
-        return [purged, entryShape(await ops.get(key))];
-      },
-      "delete with a stale revision": async (ops, key) => {
-        const revision = await ops.put(key, "one");
-        await ops.put(key, "two");
-        return await ops.delete(key, { previousSeq: revision });
-      },
-      "delete without revision, then update over the tombstone": async (ops, key) => {
-        await ops.put(key, "one");
-        await ops.delete(key);
-        const deleted = await ops.get(key);
-        return [entryShape(deleted), await ops.update(key, "x", deleted!.revision) > 0];
-      },
-      "get of a missing key": (ops, key) => ops.get(key),
-      "invalid keys": async (ops, key) => {
-        const results = [];
-        for (const bad of [`${key}..x`, `.${key}`, `${key} x`, ""]) {
-          results.push(await outcome(() => ops.put(bad, "v")));
-          results.push(await outcome(() => ops.get(bad)));
-          results.push(await outcome(() => ops.create(bad, "v")));
-          results.push(await outcome(() => ops.delete(bad)));
-        }
-        return results;
-      },
-      "a large value (900 KiB)": async (ops, key) => {
-        const value = new Uint8Array(900 * 1024).map((_, i) => i % 251);
-        await ops.put(key, value);
-        const entry = await ops.get(key);
-        assert.deepEqual(entry?.value, value);
-        return entry?.length;
-      },
-      "a value over max_payload": (ops, key) => ops.put(key, new Uint8Array(2 * 1024 * 1024)),
-    };
-    for (const [name, scenario] of Object.entries(scenarios)) {
-      await compare(kv, requests, scenario).catch((error) => {
-        throw new Error(`${name}: ${error.message}`, { cause: error });
-      });
-    }
+for (const allowDirect of [true, false]) {
+  Deno.test(`kv requests: every outcome is the bucket's own (CAS, create over tombstones, gets, errors), ${allowDirect ? "direct gets" : "STREAM.MSG.GET"}`, async () => {
+    await withBucket(async (kv, requests) => {
+      assert.equal(requests.pipelined, true);
+      const scenarios: Record<string, (ops: Ops, key: string) => Promise<unknown>> = {
+        "put, get": async (ops, key) => {
+          const revision = await ops.put(key, "one");
+          const entry = entryShape(await ops.get(key));
+          assert.equal(entry?.revision, revision);
+          return entry;
+        },
+        "update with the right revision": async (ops, key) => {
+          const revision = await ops.put(key, "one");
+          const next = await ops.update(key, new Uint8Array([1, 2, 3]), revision);
+          assert.ok(next > revision);
+          return entryShape(await ops.get(key));
+        },
+        "update with a stale revision: wrong last sequence": async (ops, key) => {
+          const revision = await ops.put(key, "one");
+          await ops.put(key, "two");
+          return await ops.update(key, "three", revision);
+        },
+        "update of a missing key": (ops, key) => ops.update(key, "x", 5),
+        "update with revision 0 throws at once": (ops, key) => {
+          try {
+            ops.update(key, "x", 0);
+          } catch (error) {
+            return Promise.resolve(`sync: ${(error as Error).message}`);
+          }
+          return Promise.resolve("no sync throw");
+        },
+        "create on an existing key": async (ops, key) => {
+          await ops.create(key, "one");
+          return await ops.create(key, "two");
+        },
+        "create over a DEL tombstone": async (ops, key) => {
+          const revision = await ops.create(key, "one");
+          await ops.delete(key, { previousSeq: revision });
+          const deleted = entryShape(await ops.get(key));
+          const again = await ops.create(key, "two");
+          assert.ok(again > (deleted?.revision ?? Infinity));
+          return [deleted, entryShape(await ops.get(key))];
+        },
+        "create over a PURGE tombstone": async (ops, key) => {
+          await ops.put(key, "one");
+          await kv.purge(key);
+          const purged = entryShape(await ops.get(key));
+          await ops.create(key, "two");
+          return [purged, entryShape(await ops.get(key))];
+        },
+        "delete with a stale revision": async (ops, key) => {
+          const revision = await ops.put(key, "one");
+          await ops.put(key, "two");
+          return await ops.delete(key, { previousSeq: revision });
+        },
+        "delete without revision, then update over the tombstone": async (ops, key) => {
+          await ops.put(key, "one");
+          await ops.delete(key);
+          const deleted = await ops.get(key);
+          return [entryShape(deleted), await ops.update(key, "x", deleted!.revision) > 0];
+        },
+        "get of a missing key": (ops, key) => ops.get(key),
+        "invalid keys": async (ops, key) => {
+          const results = [];
+          for (const bad of [`${key}..x`, `.${key}`, `${key} x`, ""]) {
+            results.push(await outcome(() => ops.put(bad, "v")));
+            results.push(await outcome(() => ops.get(bad)));
+            results.push(await outcome(() => ops.create(bad, "v")));
+            results.push(await outcome(() => ops.delete(bad)));
+          }
+          return results;
+        },
+        "a large value (900 KiB)": async (ops, key) => {
+          const value = new Uint8Array(900 * 1024).map((_, i) => i % 251);
+          await ops.put(key, value);
+          const entry = await ops.get(key);
+          assert.deepEqual(entry?.value, value);
+          return entry?.length;
+        },
+        "a value over max_payload": (ops, key) => ops.put(key, new Uint8Array(2 * 1024 * 1024)),
+      };
+      for (const [name, scenario] of Object.entries(scenarios)) {
+        await compare(kv, requests, scenario).catch((error) => {
+          throw new Error(`${name}: ${error.message}`, { cause: error });
+        });
+      }
+    }, { allowDirect });
   });
-});
-
-Deno.test("kv requests: gets without direct get (STREAM.MSG.GET) keep the bucket's path", async () => {
-  await withBucket(async (kv, requests) => {
-    assert.equal(requests.pipelined, true);
-    const revision = await requests.put("a", "1");
-    assert.equal((await requests.update("a", "2", revision)) > revision, true);
-    assert.deepEqual(entryShape(await requests.get("a")), entryShape(await kv.get("a")));
-    assert.equal(await requests.get("missing"), null);
-  }, { allowDirect: false });
-});
+}
 
 Deno.test("kv requests: no responders (the stream is gone) fail as the bucket's own calls do", async () => {
   await withBucket(async (kv, requests) => {

@@ -10,8 +10,9 @@
  *
  * Outcomes are those of `@nats-io/kv` 3.4.0: the PubAck is parsed by the bucket's JetStream
  * client (`parseJsResponse`: the same `JetStreamApiError` for a lost compare-and-set),
- * `create` retries over a DEL/PURGE tombstone, `get` returns `null` for a missing key and the
- * tombstone entry for a deleted one, timeouts are the JetStream client's. A reply whose error
+ * `create` retries over a DEL/PURGE tombstone, `get` (a direct get, or `STREAM.MSG.GET` when the
+ * bucket does not use direct gets, as `Kvm#open` buckets) returns `null` for a missing key and
+ * the tombstone entry for a deleted one, timeouts are the JetStream client's and manager's. A reply whose error
  * nats.js would build differently is left to the bucket: a read is sent again by `kv.get`, and a
  * write answered by "no responders" (no stream took it: nothing applied) by the bucket's own
  * method, so its error is exactly the library's.
@@ -20,14 +21,10 @@
  */
 
 import { Bucket, type KV, type KvEntry } from "@nats-io/kv";
-import {
-  DirectMsgHeaders,
-  JetStreamApiError,
-  JetStreamError,
-  PubHeaders,
-} from "@nats-io/jetstream";
+import { JetStreamApiError, JetStreamError, PubHeaders } from "@nats-io/jetstream";
 import { headers, type Msg, type MsgHdrs } from "@nats-io/nats-core";
 import { type ReplyMuxConnection, replyMuxFor } from "./reply_mux.ts";
+import { ApiStoredMessage, DirectMessage, type StoredMessageResponse } from "./stored_messages.ts";
 
 /** The bucket's JetStream client, as this module uses it (`JetStreamClientImpl`). */
 interface JsClient {
@@ -43,7 +40,13 @@ interface DirectApi {
   opts: { apiPrefix?: string };
 }
 
-type StoredMsg = Parameters<Bucket["smToEntry"]>[0];
+/** The bucket manager's stream API, as this module uses it (`StreamAPIImpl`). */
+interface StreamApi {
+  nc: ReplyMuxConnection;
+  timeout: number;
+  prefix: string;
+  parseJsResponse(msg: Msg): StoredMessageResponse;
+}
 
 /** The `Bucket` methods whose steps this module reproduces: all must be the class's own. */
 const ownMethods = [
@@ -65,6 +68,9 @@ const empty = new Uint8Array(0);
 const kvOperationHeader = "KV-Operation";
 /** JetStream API codes of a lost compare-and-set (`create` then looks for a tombstone). */
 const wrongLastSequence = [10071, 10164];
+/** JetStream API code of `STREAM.MSG.GET` for a subject without message. */
+const noMessageFound = 10037;
+const encoder = new TextEncoder();
 /** A stream name `validateStreamName` accepts (narrower: anything else goes to the bucket). */
 const plainStreamName = /^[-\w]+$/;
 
@@ -96,7 +102,8 @@ export class KvRequests {
   /** `kv.get(key)`. */
   get(key: string): Promise<KvEntry | null> {
     const bucket = this.#bucket;
-    return bucket?.direct ? this.#directGet(bucket, key) : this.#kv.get(key);
+    if (bucket === undefined) return this.#kv.get(key);
+    return bucket.direct ? this.#directGet(bucket, key) : this.#streamGet(bucket, key);
   }
 
   /** `kv.put(key, value)`. */
@@ -200,7 +207,10 @@ export class KvRequests {
     if (seq === undefined) await this.#kv.delete(key, options);
   }
 
-  /** `js.publish`: the PubAck's sequence, or `undefined` for "no responders". */
+  /**
+   * `js.publish`: the PubAck's sequence, or `undefined` when nothing was written and the
+   * bucket's own call must run ("no responders", or a timeout `nc.request` refuses).
+   */
   async #publish(
     bucket: Bucket,
     subject: string,
@@ -208,7 +218,9 @@ export class KvRequests {
     h: MsgHdrs,
   ): Promise<number | undefined> {
     const js = bucket.js as unknown as JsClient;
-    const reply = await replyMuxFor(js.nc).request(subject, data, h, js.timeout || 1000);
+    const timeout = js.timeout || 1000;
+    if (timeout < 1) return undefined; // nc.request refuses it: the bucket's call says how
+    const reply = await replyMuxFor(js.nc).request(subject, data, h, timeout);
     if (isNoResponders(reply)) return undefined;
     const ack = js.parseJsResponse(reply);
     if (ack.stream === "") throw new JetStreamError("invalid ack response");
@@ -229,14 +241,45 @@ export class KvRequests {
     const reply = await replyMuxFor(direct.nc).request(subject, empty, undefined, timeout);
     const status = reply.headers;
     if (status !== undefined && status.code === 0) {
-      const entry = bucket.smToEntry(new DirectMessage(reply.data, status));
-      return (entry as { rawKey?: string }).rawKey === encoded ? entry : null;
+      return entryOf(bucket, new DirectMessage(reply.data, status), encoded);
     }
     if (status?.code === 404 && status.description.toLowerCase() === "message not found") {
       return null;
     }
     return await this.#kv.get(key);
   }
+
+  /** `Bucket#get` without direct get (`STREAM.MSG.GET`); "no responders" goes to `kv.get`. */
+  async #streamGet(bucket: Bucket, key: string): Promise<KvEntry | null> {
+    const encoded = bucket.encodeKey(key);
+    bucket.validateKey(encoded);
+    const stream = bucket.bucketName();
+    const api = bucket.jsm.streams as unknown as StreamApi;
+    const timeout = api.timeout || 1000;
+    if (!plainStreamName.test(stream) || timeout < 1) return await this.#kv.get(key);
+    const query = encoder.encode(JSON.stringify({ last_by_subj: bucket.subjectForKey(encoded) }));
+    const subject = `${api.prefix}.STREAM.MSG.GET.${stream}`;
+    const reply = await replyMuxFor(api.nc).request(subject, query, undefined, timeout);
+    if (isNoResponders(reply)) return await this.#kv.get(key);
+    let response: StoredMessageResponse;
+    try {
+      response = api.parseJsResponse(reply);
+    } catch (error) {
+      if (error instanceof JetStreamApiError && error.code === noMessageFound) return null;
+      throw error;
+    }
+    return entryOf(bucket, new ApiStoredMessage(response), encoded);
+  }
+}
+
+/** The bucket's entry for `message`; `null` when it is another key's (as `Bucket#get`). */
+function entryOf(
+  bucket: Bucket,
+  message: DirectMessage | ApiStoredMessage,
+  encoded: string,
+): KvEntry | null {
+  const entry = bucket.smToEntry(message);
+  return (entry as { rawKey?: string }).rawKey === encoded ? entry : null;
 }
 
 /** `kv` as a `Bucket` when it is one whose methods are all the class's own. */
@@ -250,6 +293,10 @@ function plainBucket(kv: KV): Bucket | undefined {
   if (typeof js?.parseJsResponse !== "function" || !isConnection(js.nc)) return undefined;
   const direct = (bucket.jsm as { direct?: Partial<DirectApi> } | undefined)?.direct;
   if (!isConnection(direct?.nc) || typeof direct.opts !== "object") return undefined;
+  const streams = (bucket.jsm as { streams?: Partial<StreamApi> }).streams;
+  if (!isConnection(streams?.nc) || typeof streams.parseJsResponse !== "function") {
+    return undefined;
+  }
   return bucket;
 }
 
@@ -261,56 +308,4 @@ function isConnection(nc: unknown): nc is ReplyMuxConnection {
 
 function isNoResponders(msg: Msg): boolean {
   return msg.data.length === 0 && msg.headers?.code === 503;
-}
-
-/** A direct-get reply as `DirectMsgImpl` of `@nats-io/jetstream` reads it. */
-class DirectMessage implements StoredMsg {
-  readonly data: Uint8Array;
-  readonly header: MsgHdrs;
-
-  constructor(data: Uint8Array, header: MsgHdrs) {
-    this.data = data;
-    this.header = header;
-  }
-
-  get subject(): string {
-    return this.header.last(DirectMsgHeaders.Subject);
-  }
-
-  get seq(): number {
-    return this.#number(DirectMsgHeaders.Sequence, 0);
-  }
-
-  get time(): Date {
-    return new Date(Date.parse(this.timestamp));
-  }
-
-  get timestamp(): string {
-    return this.header.last(DirectMsgHeaders.TimeStamp);
-  }
-
-  get stream(): string {
-    return this.header.last(DirectMsgHeaders.Stream);
-  }
-
-  get lastSequence(): number {
-    return this.#number(DirectMsgHeaders.LastSequence, 0);
-  }
-
-  get pending(): number {
-    return this.#number(DirectMsgHeaders.NumPending, -1);
-  }
-
-  json<T>(reviver?: (key: string, value: unknown) => unknown): T {
-    return JSON.parse(this.string(), reviver);
-  }
-
-  string(): string {
-    return new TextDecoder().decode(this.data);
-  }
-
-  #number(name: string, missing: number): number {
-    const value = this.header.last(name);
-    return typeof value === "string" ? parseInt(value) : missing;
-  }
 }
