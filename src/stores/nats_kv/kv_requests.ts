@@ -102,8 +102,7 @@ export class KvRequests {
   /** `kv.get(key)`. */
   get(key: string): Promise<KvEntry | null> {
     const bucket = this.#bucket;
-    if (bucket === undefined) return this.#kv.get(key);
-    return bucket.direct ? this.#directGet(bucket, key) : this.#streamGet(bucket, key);
+    return bucket === undefined ? this.#kv.get(key) : this.#get(bucket, key);
   }
 
   /** `kv.put(key, value)`. */
@@ -227,39 +226,40 @@ export class KvRequests {
     return ack.seq;
   }
 
-  /** `Bucket#get` with a direct get; any reply but a message or "not found" goes to `kv.get`. */
-  async #directGet(bucket: Bucket, key: string): Promise<KvEntry | null> {
+  /**
+   * `Bucket#get`: a direct get, or `STREAM.MSG.GET` when the bucket does not use direct gets.
+   * Any reply but a message or "not found" goes to `kv.get` (a read: running it again is safe).
+   */
+  async #get(bucket: Bucket, key: string): Promise<KvEntry | null> {
     const encoded = bucket.encodeKey(key);
     bucket.validateKey(encoded);
     const stream = bucket.bucketName();
-    const direct = bucket.jsm.direct as unknown as DirectApi;
-    const timeout = direct.timeout || 1000;
-    if (!plainStreamName.test(stream) || timeout < 1) return await this.#kv.get(key);
-    const subject = `${direct.opts.apiPrefix || "$JS.API"}.DIRECT.GET.${stream}.${
-      bucket.subjectForKey(encoded)
-    }`;
-    const reply = await replyMuxFor(direct.nc).request(subject, empty, undefined, timeout);
-    const status = reply.headers;
-    if (status !== undefined && status.code === 0) {
-      return entryOf(bucket, new DirectMessage(reply.data, status), encoded);
-    }
-    if (status?.code === 404 && status.description.toLowerCase() === "message not found") {
-      return null;
-    }
-    return await this.#kv.get(key);
-  }
-
-  /** `Bucket#get` without direct get (`STREAM.MSG.GET`); "no responders" goes to `kv.get`. */
-  async #streamGet(bucket: Bucket, key: string): Promise<KvEntry | null> {
-    const encoded = bucket.encodeKey(key);
-    bucket.validateKey(encoded);
-    const stream = bucket.bucketName();
-    const api = bucket.jsm.streams as unknown as StreamApi;
+    const direct = bucket.direct;
+    const api = (direct ? bucket.jsm.direct : bucket.jsm.streams) as unknown as
+      & DirectApi
+      & StreamApi;
     const timeout = api.timeout || 1000;
     if (!plainStreamName.test(stream) || timeout < 1) return await this.#kv.get(key);
-    const query = encoder.encode(JSON.stringify({ last_by_subj: bucket.subjectForKey(encoded) }));
-    const subject = `${api.prefix}.STREAM.MSG.GET.${stream}`;
-    const reply = await replyMuxFor(api.nc).request(subject, query, undefined, timeout);
+    const last = bucket.subjectForKey(encoded);
+    const mux = replyMuxFor(api.nc);
+    if (direct) {
+      const subject = `${api.opts.apiPrefix || "$JS.API"}.DIRECT.GET.${stream}.${last}`;
+      const reply = await mux.request(subject, empty, undefined, timeout);
+      const status = reply.headers;
+      if (status !== undefined && status.code === 0) {
+        return entryOf(bucket, new DirectMessage(reply.data, status), encoded);
+      }
+      const notFound = status?.code === 404 &&
+        status.description.toLowerCase() === "message not found";
+      return notFound ? null : await this.#kv.get(key);
+    }
+    const query = encoder.encode(JSON.stringify({ last_by_subj: last }));
+    const reply = await mux.request(
+      `${api.prefix}.STREAM.MSG.GET.${stream}`,
+      query,
+      undefined,
+      timeout,
+    );
     if (isNoResponders(reply)) return await this.#kv.get(key);
     let response: StoredMessageResponse;
     try {
