@@ -74,16 +74,7 @@ const encoder = new TextEncoder();
 /** A stream name `validateStreamName` accepts (narrower: anything else goes to the bucket). */
 const plainStreamName = /^[-\w]+$/;
 
-/**
- * A KV's hot operations: pipelined for a plain `@nats-io/kv` `Bucket`, else the KV's own.
- *
- * @example
- * ```ts ignore
- * const requests = new KvRequests(kv);
- * const revision = await requests.put("m.abc", "{}");
- * await requests.update("m.abc", "{}", revision);
- * ```
- */
+/** A KV's hot operations: pipelined for a plain `@nats-io/kv` `Bucket`, else the KV's own. */
 export class KvRequests {
   readonly #kv: KV;
   readonly #bucket: Bucket | undefined;
