@@ -71,6 +71,8 @@ const wrongLastSequence = [10071, 10164];
 /** JetStream API code of `STREAM.MSG.GET` for a subject without message. */
 const noMessageFound = 10037;
 const encoder = new TextEncoder();
+/** A write that was not sent, or that no stream took: the bucket's own method runs it. */
+const notSent: unique symbol = Symbol("not sent");
 /** A stream name `validateStreamName` accepts (narrower: anything else goes to the bucket). */
 const plainStreamName = /^[-\w]+$/;
 
@@ -101,7 +103,7 @@ export class KvRequests {
     const bucket = this.#bucket;
     if (bucket === undefined) return this.#kv.put(key, value);
     return this.#put(bucket, key, value, undefined, undefined).then((seq) =>
-      seq ?? this.#kv.put(key, value)
+      seq === notSent ? this.#kv.put(key, value) : seq
     );
   }
 
@@ -111,7 +113,7 @@ export class KvRequests {
     if (bucket === undefined) return this.#kv.update(key, value, revision);
     if (revision <= 0) throw new Error("version must be greater than 0");
     return this.#put(bucket, key, value, revision, undefined).then((seq) =>
-      seq ?? this.#kv.update(key, value, revision)
+      seq === notSent ? this.#kv.update(key, value, revision) : seq
     );
   }
 
@@ -136,7 +138,7 @@ export class KvRequests {
     value: Uint8Array | string,
     markerTTL: string | undefined,
   ): Promise<number> {
-    let seq: number | undefined;
+    let seq: number | typeof notSent = notSent;
     let failed = false;
     let firstError: unknown;
     try {
@@ -148,24 +150,24 @@ export class KvRequests {
         error instanceof JetStreamApiError && !wrongLastSequence.includes(error.code)
       ) throw error;
     }
-    if (!failed) return seq ?? await this.#kv.create(key, value, markerTTL);
+    if (!failed) return seq === notSent ? await this.#kv.create(key, value, markerTTL) : seq;
     const entry = await this.get(key);
     if (entry?.operation === "DEL" || entry?.operation === "PURGE") {
       const previousSeq = entry.revision;
       const seq = await this.#put(bucket, key, value, previousSeq, markerTTL);
-      return seq ?? await bucket._put(key, value, { previousSeq }, markerTTL);
+      return seq === notSent ? await bucket._put(key, value, { previousSeq }, markerTTL) : seq;
     }
     throw firstError;
   }
 
-  /** `Bucket#_put`; `undefined` when no stream answered (nothing written). */
+  /** `Bucket#_put`; `notSent` when the bucket's own call must run (nothing written). */
   async #put(
     bucket: Bucket,
     key: string,
     value: Uint8Array | string,
     previousSeq: number | undefined,
     markerTTL: string | undefined,
-  ): Promise<number | undefined> {
+  ): Promise<number | typeof notSent> {
     const encoded = bucket.encodeKey(key);
     bucket.validateKey(encoded);
     const data = bucket.codec.value.encode(value);
@@ -194,11 +196,11 @@ export class KvRequests {
       h.set(PubHeaders.ExpectedLastSubjectSequenceHdr, `${options.previousSeq}`);
     }
     const seq = await this.#publish(bucket, bucket.subjectForKey(encoded, true), empty, h);
-    if (seq === undefined) await this.#kv.delete(key, options);
+    if (seq === notSent) await this.#kv.delete(key, options);
   }
 
   /**
-   * `js.publish`: the PubAck's sequence, or `undefined` when nothing was written and the
+   * `js.publish`: the PubAck's sequence, or `notSent` when nothing was written and the
    * bucket's own call must run ("no responders", or a timeout `nc.request` refuses).
    */
   async #publish(
@@ -206,12 +208,12 @@ export class KvRequests {
     subject: string,
     data: Uint8Array,
     h: MsgHdrs,
-  ): Promise<number | undefined> {
+  ): Promise<number | typeof notSent> {
     const js = bucket.js as unknown as JsClient;
     const timeout = js.timeout || 1000;
-    if (timeout < 1) return undefined; // nc.request refuses it: the bucket's call says how
+    if (timeout < 1) return notSent; // nc.request refuses it: the bucket's call says how
     const reply = await replyMuxFor(js.nc).request(subject, data, h, timeout);
-    if (isNoResponders(reply)) return undefined;
+    if (isNoResponders(reply)) return notSent;
     const ack = js.parseJsResponse(reply);
     if (ack.stream === "") throw new JetStreamError("invalid ack response");
     return ack.seq;
