@@ -348,3 +348,30 @@ Deno.test("kv requests: the reply subscription survives a server restart", async
     await nc.close();
   }
 });
+
+Deno.test("kv requests: a draining connection takes no new request, as the bucket's calls", async () => {
+  const nc = await connectNats();
+  const kv = await new Kvm(nc).create(uniqueName("kvr"), { history: 1, allow_direct: true });
+  const name = (await kv.status()).bucket;
+  const requests = new KvRequests(kv);
+  try {
+    const revision = await requests.put("a", "0");
+    const drained = nc.drain();
+    for (
+      const run of [
+        (ops: Ops) => ops.put("a", "1"),
+        (ops: Ops) => ops.update("a", "1", revision),
+        (ops: Ops) => ops.get("a"),
+      ]
+    ) {
+      const expected = await outcome(() => run(kv as unknown as Ops));
+      assert.deepEqual(await outcome(() => run(requests)), expected);
+      assert.equal(expected.error?.names[0], "DrainingConnectionError/DrainingConnectionError");
+    }
+    await drained;
+  } finally {
+    const cleanup = await connectNats();
+    await new Kvm(cleanup).open(name).then((kv) => kv.destroy()).catch(() => {});
+    await cleanup.close();
+  }
+});
