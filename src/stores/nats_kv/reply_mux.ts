@@ -113,6 +113,7 @@ export class ReplyMux {
         const waiting = this.#waiting.get(token);
         if (waiting === undefined) return; // timed out already, or a stray message
         this.#waiting.delete(token);
+        this.#idle();
         waiting.resolve(msg);
       },
     });
@@ -133,6 +134,18 @@ export class ReplyMux {
       ? new errors.RequestError(cause.message, { cause })
       : connectionClosed();
     this.#failAll(error);
+  }
+
+  /**
+   * Stops the sweep once nothing waits: a pending timer would outlive the requests (as long as
+   * their timeout), which a test's op sanitizer reports and nc.request, clearing its timer on
+   * the reply, never shows.
+   */
+  #idle(): void {
+    if (this.#waiting.size > 0 || this.#timer === undefined) return;
+    clearTimeout(this.#timer);
+    this.#timer = undefined;
+    this.#timerAt = Infinity;
   }
 
   /** Makes the sweep run at `deadline`. */
@@ -171,7 +184,11 @@ export class ReplyMux {
     if (events === undefined) return;
     void (async () => {
       for await (const event of events) {
-        const error = event.error as { name?: unknown; operation?: unknown; subject?: unknown };
+        const error = event.error as {
+          name?: unknown;
+          operation?: unknown;
+          subject?: unknown;
+        };
         if (
           event.type !== "error" || error?.name !== "PermissionViolationError" ||
           error.operation !== "publish"
@@ -179,6 +196,7 @@ export class ReplyMux {
         for (const [token, waiting] of this.#waiting) {
           if (waiting.subject !== error.subject) continue;
           this.#waiting.delete(token);
+          this.#idle();
           waiting.reject(error);
           break;
         }
@@ -198,6 +216,7 @@ export class ReplyMux {
   #failAll(error: unknown): void {
     const failed = [...this.#waiting.values()];
     this.#waiting.clear();
+    this.#idle();
     for (const waiting of failed) waiting.reject(error);
   }
 }
