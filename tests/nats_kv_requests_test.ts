@@ -410,3 +410,43 @@ Deno.test({
     kept = undefined;
   },
 });
+
+Deno.test("kv requests: a publish the server's permissions refuse fails as the bucket's own calls do", async () => {
+  await using server = await NatsServer.start({
+    config: [
+      "authorization { users = [",
+      "  { user: admin, password: a }",
+      '  { user: limited, password: l, permissions: { publish: { allow: [">"], deny: ["$KV.*.denied"] } } }',
+      "] }",
+    ],
+  });
+  const admin = await connectNats(server.url, { user: "admin", pass: "a" });
+  const name = uniqueName("kvr");
+  const created = await new Kvm(admin).create(name, { history: 1, allow_direct: true });
+  const nc = await connectNats(server.url, { user: "limited", pass: "l" });
+  try {
+    const kv = await new Kvm(jetstream(nc, { timeout: 2_000 })).open(name);
+    const requests = new KvRequests(kv);
+    assert.equal(requests.pipelined, true);
+    for (
+      const [label, run] of [
+        ["put", (ops: Ops) => ops.put("denied", "1")],
+        ["update", (ops: Ops) => ops.update("denied", "1", 1)],
+        ["create", (ops: Ops) => ops.create("denied", "1")],
+        ["delete", (ops: Ops) => ops.delete("denied")],
+      ] as const
+    ) {
+      const expected = await outcome(() => run(kv as unknown as Ops));
+      assert.equal(
+        expected.error?.names.at(-1),
+        "PermissionViolationError/PermissionViolationError",
+      );
+      assert.deepEqual(await outcome(() => run(requests)), expected, label);
+    }
+    assert.equal(typeof await requests.put("allowed", "1"), "number");
+  } finally {
+    await created.destroy().catch(() => {});
+    await nc.close();
+    await admin.close();
+  }
+});

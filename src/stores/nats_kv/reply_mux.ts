@@ -8,8 +8,8 @@
  * Replies are returned as they arrive, status messages (503 no responders, 404 ...) included: the
  * caller interprets them. Failures reject with the nats.js errors `nc.request` produces:
  * `TimeoutError`, `ClosedConnectionError` / `DrainingConnectionError` before sending, a
- * `RequestError("connection closed")` for requests in flight when the connection closes, and the
- * `PermissionViolationError` when the server refuses the publish.
+ * `RequestError("connection closed")` for requests in flight when the connection closes, and a
+ * `RequestError` caused by the `PermissionViolationError` when the server refuses the publish.
  *
  * @module
  */
@@ -176,8 +176,8 @@ export class ReplyMux {
 
   /**
    * The server refused a publish (`-ERR Permissions Violation for Publish to "<subject>"`, only a
-   * status event in nats.js): the oldest request to that subject fails with the error, as
-   * nc.request matches it.
+   * status event in nats.js): the oldest request to that subject fails with a `RequestError`
+   * caused by it, as nc.request matches and wraps it.
    */
   #watchDenials(): void {
     const events = this.#nc.status?.();
@@ -186,6 +186,7 @@ export class ReplyMux {
       for await (const event of events) {
         const error = event.error as {
           name?: unknown;
+          message?: unknown;
           operation?: unknown;
           subject?: unknown;
         };
@@ -197,7 +198,8 @@ export class ReplyMux {
           if (waiting.subject !== error.subject) continue;
           this.#waiting.delete(token);
           this.#idle();
-          waiting.reject(error);
+          // As nc.request rejects it: a RequestError with the violation as its cause.
+          waiting.reject(new errors.RequestError(String(error.message ?? ""), { cause: error }));
           break;
         }
       }
