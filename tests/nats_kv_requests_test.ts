@@ -7,7 +7,8 @@
  */
 
 import assert from "node:assert/strict";
-import { jetstream } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { headers } from "@nats-io/nats-core";
 import { type KV, Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { KvRequests } from "../src/stores/nats_kv/kv_requests.ts";
@@ -101,6 +102,43 @@ Deno.test("kv requests: a plain Bucket is pipelined; wrappers and other KV objec
   assert.equal(await requests.create("k", "v"), 9);
   await requests.delete("k");
   assert.deepEqual(calls, ["get k", "put k", "update k 0", "create k", "delete k"]);
+});
+
+Deno.test("kv requests: a bucket whose JetStream client or API has its methods replaced (instrumentation) keeps its own path", async () => {
+  const nc = await connectNats();
+  const js = jetstream(nc);
+  // What a tracing wrapper does: every KV write through js.publish carries its header.
+  const publish = js.publish.bind(js);
+  js.publish = (subject, data, options) => {
+    const h = options?.headers ?? headers();
+    h.set("X-Traced", "1");
+    return publish(subject, data, { ...options, headers: h });
+  };
+  const kv = await new Kvm(js).create(uniqueName("kvr"), { history: 1, allow_direct: true });
+  const stream = (await kv.status()).streamInfo.config.name;
+  try {
+    const requests = new KvRequests(kv);
+    assert.equal(requests.pipelined, false, "js.publish is not the client's own");
+    const revision = await requests.put("a", "1");
+    const stored = await (await jetstreamManager(nc)).streams.getMessage(stream, { seq: revision });
+    assert.equal(stored?.header.get("X-Traced"), "1", "the write went through the wrapper");
+    // The managers' APIs the gets bypass: a replaced getMessage keeps the bucket's own get.
+    const direct = (kv as unknown as { jsm: { direct: { getMessage: unknown } } }).jsm.direct;
+    const plain = new Kvm(nc).create(uniqueName("kvr"), { history: 1, allow_direct: true });
+    const other = await plain;
+    try {
+      const otherDirect = (other as unknown as { jsm: { direct: { getMessage: unknown } } }).jsm
+        .direct;
+      assert.equal(new KvRequests(other).pipelined, true);
+      otherDirect.getMessage = direct.getMessage;
+      assert.equal(new KvRequests(other).pipelined, false, "direct.getMessage replaced");
+    } finally {
+      await other.destroy().catch(() => {});
+    }
+  } finally {
+    await kv.destroy().catch(() => {});
+    await nc.close();
+  }
 });
 
 /** Runs `scenario` once through the bucket's methods and once pipelined, on twin keys. */

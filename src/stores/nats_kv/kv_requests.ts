@@ -4,7 +4,8 @@
  * and Errors cost more CPU than the rest of a KV write.
  *
  * Only for a `Bucket` of `@nats-io/kv` 3.4 (this package's copy) whose methods are the class's
- * own: each operation runs the bucket's own steps (key encoding and validation, value codec,
+ * own, on a JetStream client and manager of this package's `@nats-io/jetstream` copy whose
+ * methods are not replaced on the instance (nor the connection's `request`): each operation runs the bucket's own steps (key encoding and validation, value codec,
  * subjects, entry decoding) with the same headers, and only the transport differs. Any other
  * KV-shaped object (a wrapper, another copy or version) gets its own methods, unchanged.
  *
@@ -22,6 +23,7 @@
 
 import { Bucket, type KV, type KvEntry } from "@nats-io/kv";
 import { JetStreamApiError, JetStreamError, PubHeaders } from "@nats-io/jetstream";
+import { BaseApiClientImpl, JetStreamClientImpl } from "@nats-io/jetstream/internal";
 import { headers, type Msg, type MsgHdrs } from "@nats-io/nats-core";
 import { type ReplyMuxConnection, replyMuxFor } from "./reply_mux.ts";
 import { ApiStoredMessage, DirectMessage, type StoredMessageResponse } from "./stored_messages.ts";
@@ -282,15 +284,36 @@ function plainBucket(kv: KV): Bucket | undefined {
   for (const name of ownMethods) {
     if (bucket[name] !== Bucket.prototype[name]) return undefined;
   }
+  // The JetStream client and the manager's APIs are this package's copy, with the methods the
+  // bucket's own calls would run unreplaced (a tracing wrapper of js.publish, say, must see
+  // every write): the pipelined path reproduces those methods, it would skip a replacement.
   const js = bucket.js as unknown as Partial<JsClient> | undefined;
-  if (typeof js?.parseJsResponse !== "function" || !isConnection(js.nc)) return undefined;
+  if (
+    js === undefined || Object.getPrototypeOf(js) !== JetStreamClientImpl.prototype ||
+    hasOwn(js, clientMethods) || typeof js.parseJsResponse !== "function" || !isConnection(js.nc)
+  ) return undefined;
   const direct = (bucket.jsm as { direct?: Partial<DirectApi> } | undefined)?.direct;
-  if (!isConnection(direct?.nc) || typeof direct.opts !== "object") return undefined;
+  if (
+    !(direct instanceof BaseApiClientImpl) || hasOwn(direct, apiMethods) ||
+    !isConnection(direct.nc) || typeof direct.opts !== "object"
+  ) return undefined;
   const streams = (bucket.jsm as { streams?: Partial<StreamApi> }).streams;
-  if (!isConnection(streams?.nc) || typeof streams.parseJsResponse !== "function") {
-    return undefined;
-  }
+  if (
+    !(streams instanceof BaseApiClientImpl) || hasOwn(streams, apiMethods) ||
+    !isConnection(streams.nc) || typeof streams.parseJsResponse !== "function"
+  ) return undefined;
+  // The same for the connection's request, which the reply mux stands in for.
+  if (hasOwn(js.nc, ["request"])) return undefined;
   return bucket;
+}
+
+/** The JetStream client's methods a bucket's write runs (`js.publish`). */
+const clientMethods = ["publish", "_publish", "parseJsResponse", "_request"];
+/** The manager APIs' methods a bucket's get runs (`getMessage`). */
+const apiMethods = ["getMessage", "_request", "parseJsResponse"];
+
+function hasOwn(target: object, names: readonly string[]): boolean {
+  return names.some((name) => Object.hasOwn(target, name));
 }
 
 function isConnection(nc: unknown): nc is ReplyMuxConnection {
