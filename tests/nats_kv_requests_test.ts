@@ -9,7 +9,8 @@
 import assert from "node:assert/strict";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { headers } from "@nats-io/nats-core";
-import { type KV, Kvm } from "@nats-io/kv";
+import { Bucket, type KV, Kvm } from "@nats-io/kv";
+import { JetStreamClientImpl } from "@nats-io/jetstream/internal";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { KvRequests } from "../src/stores/nats_kv/kv_requests.ts";
 import { countingKv, newCounts } from "./nats_kv_fixture.ts";
@@ -139,6 +140,45 @@ Deno.test("kv requests: a bucket whose JetStream client or API has its methods r
     await kv.destroy().catch(() => {});
     await nc.close();
   }
+});
+
+Deno.test("kv requests: classes whose methods are not the tested @nats-io 3.4.0 ones (another version) keep their own path", async () => {
+  await withBucket((kv) => {
+    assert.equal(new KvRequests(kv).pipelined, true);
+    // A release changing what a write or get does (here simulated on the prototypes, as an npm
+    // caret range deduplicating to a newer @nats-io/kv or @nats-io/jetstream would ship it):
+    // the pipelined path reproduces 3.4.0's steps, so it must not stand in for other ones.
+    const targets: [object, string][] = [
+      [Bucket.prototype, "_put"],
+      [Bucket.prototype, "get"],
+      [JetStreamClientImpl.prototype, "_publish"],
+      [
+        Object.getPrototypeOf((kv as unknown as { jsm: { direct: object } }).jsm.direct),
+        "getMessage",
+      ],
+    ];
+    for (const [target, name] of targets) {
+      const original = (target as Record<string, unknown>)[name] as (...args: unknown[]) => unknown;
+      Object.defineProperty(target, name, {
+        value: function (this: unknown, ...args: unknown[]) {
+          return original.apply(this, args); // another version's body
+        },
+        configurable: true,
+        writable: true,
+      });
+      try {
+        assert.equal(new KvRequests(kv).pipelined, false, name);
+      } finally {
+        Object.defineProperty(target, name, {
+          value: original,
+          configurable: true,
+          writable: true,
+        });
+      }
+      assert.equal(new KvRequests(kv).pipelined, true, `${name} restored`);
+    }
+    return Promise.resolve();
+  });
 });
 
 /** Runs `scenario` once through the bucket's methods and once pipelined, on twin keys. */

@@ -23,7 +23,7 @@
 
 import { Bucket, type KV, type KvEntry } from "@nats-io/kv";
 import { JetStreamApiError, JetStreamError, PubHeaders } from "@nats-io/jetstream";
-import { BaseApiClientImpl, JetStreamClientImpl } from "@nats-io/jetstream/internal";
+import { BaseApiClientImpl, DirectMsgImpl, JetStreamClientImpl } from "@nats-io/jetstream/internal";
 import { headers, type Msg, type MsgHdrs } from "@nats-io/nats-core";
 import { type ReplyMuxConnection, replyMuxFor } from "./reply_mux.ts";
 import { ApiStoredMessage, DirectMessage, type StoredMessageResponse } from "./stored_messages.ts";
@@ -304,7 +304,44 @@ function plainBucket(kv: KV): Bucket | undefined {
   ) return undefined;
   // The same for the connection's request, which the reply mux stands in for.
   if (hasOwn(js.nc, ["request"])) return undefined;
+  // And the code it reproduces is the release it was written and tested against.
+  if (sourcesHash(js.nc, direct, streams) !== testedSourcesHash) return undefined;
   return bucket;
+}
+
+/**
+ * A hash of the source text of every method the pipelined path reproduces or stands in for, as
+ * `@nats-io/kv`, `@nats-io/jetstream` and `@nats-io/nats-core` 3.4.0 ship them (the same text
+ * in Deno and Node). Another release (an npm caret range may deduplicate to one), or a bundler
+ * rewriting them, hashes differently and keeps the bucket's own methods: check what changed in
+ * those methods before updating it.
+ */
+const testedSourcesHash = "b20334f4:15257";
+
+function sourcesHash(nc: object, direct: object, streams: object): string {
+  const methods: unknown[] = [
+    ...ownMethods.map((name) => Bucket.prototype[name]),
+    JetStreamClientImpl.prototype.publish,
+    JetStreamClientImpl.prototype._publish,
+    BaseApiClientImpl.prototype.parseJsResponse,
+    BaseApiClientImpl.prototype._request,
+    (Object.getPrototypeOf(direct) as { getMessage?: unknown }).getMessage,
+    (Object.getPrototypeOf(streams) as { getMessage?: unknown }).getMessage,
+    (Object.getPrototypeOf(nc) as { request?: unknown }).request,
+    DirectMsgImpl,
+  ];
+  let hash = 0x811c9dc5;
+  let length = 0;
+  for (const method of methods) {
+    if (typeof method !== "function") return "missing";
+    const text = Function.prototype.toString.call(method);
+    length += text.length + 1;
+    for (let i = 0; i < text.length; i++) {
+      hash = Math.imul(hash ^ text.charCodeAt(i), 0x01000193);
+    }
+    hash = Math.imul(hash ^ 0, 0x01000193);
+  }
+  return `${(hash >>> 0).toString(16)}:${length}`;
 }
 
 /** The JetStream client's methods a bucket's write runs (`js.publish`). */
