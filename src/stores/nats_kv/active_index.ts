@@ -12,6 +12,7 @@
  */
 
 import type { KV, KvWatchEntry } from "@nats-io/kv";
+import { KvRequests } from "./kv_requests.ts";
 import { NatsKvIndexError } from "./errors.ts";
 import { decodeToken, isKeyEntryKey, markerPrefix, recordKeyOf, syncKey, tokenOf } from "./keys.ts";
 import { type KeyEntry, type RecordCodec, recordCodec } from "./records.ts";
@@ -76,6 +77,8 @@ export class ActiveIndex {
   /** The entry decoders, loaded before the watch starts (see records.ts). */
   #codec: RecordCodec | undefined;
   readonly #kv: KV;
+  /** The hot operations (pipelined for a plain `Bucket`). */
+  readonly #requests: KvRequests;
   readonly #syncTimeoutMs: number;
   #entries = new Map<string, ActiveEntry>();
   #sorted: ActiveEntry[] = [];
@@ -100,6 +103,7 @@ export class ActiveIndex {
 
   constructor(kv: KV, syncTimeoutMs: number) {
     this.#kv = kv;
+    this.#requests = new KvRequests(kv);
     this.#syncTimeoutMs = syncTimeoutMs;
   }
 
@@ -355,7 +359,7 @@ export class ActiveIndex {
   }
 
   async #barrier(): Promise<void> {
-    const revision = await this.#kv.put(syncKey, `${Date.now()}`);
+    const revision = await this.#requests.put(syncKey, `${Date.now()}`);
     await this.#wait(revision);
   }
 

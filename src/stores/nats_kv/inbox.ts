@@ -6,6 +6,7 @@
  */
 
 import type { KV, KvEntry } from "@nats-io/kv";
+import { KvRequests } from "./kv_requests.ts";
 import { OutboxValidationError } from "../../core/errors.ts";
 import { resolveInboxRecordOptions } from "../../core/inbox.ts";
 import { checkedBatchSize } from "../../core/limits.ts";
@@ -84,6 +85,8 @@ export class NatsKvInboxRepository implements InboxRepository, InboxAdmin {
   /** `record()` writes to the bucket at once: no database transaction can undo it. */
   readonly recordsImmediately = true;
   readonly #kv: KV;
+  /** The hot operations (pipelined for a plain `Bucket`). */
+  readonly #requests: KvRequests;
   readonly #retentionMs: number | undefined;
   #retention: Promise<NatsKvInboxRetention> | undefined;
 
@@ -97,6 +100,7 @@ export class NatsKvInboxRepository implements InboxRepository, InboxAdmin {
       );
     }
     this.#kv = kv;
+    this.#requests = new KvRequests(kv);
     this.#retentionMs = retentionMs;
   }
 
@@ -109,7 +113,7 @@ export class NatsKvInboxRepository implements InboxRepository, InboxAdmin {
       ? `${Math.ceil(this.#retentionMs / 1000)}s`
       : undefined;
     try {
-      await this.#kv.create(key, encodeJson(entry), ttl);
+      await this.#requests.create(key, encodeJson(entry), ttl);
       return true;
     } catch (error) {
       if (isWrongLastSequence(error)) return false;
@@ -120,7 +124,7 @@ export class NatsKvInboxRepository implements InboxRepository, InboxAdmin {
   /** Whether `messageId` is recorded for the consumer scope (one read). */
   async has(messageId: string, options?: InboxRecordOptions): Promise<boolean> {
     const { consumer } = resolveInboxRecordOptions(messageId, options);
-    const entry = await this.#kv.get(await inboxKey(consumer, messageId));
+    const entry = await this.#requests.get(await inboxKey(consumer, messageId));
     return entry !== null && entry.operation === "PUT";
   }
 

@@ -23,6 +23,7 @@
  */
 
 import type { KV, KvEntry } from "@nats-io/kv";
+import { KvRequests } from "./kv_requests.ts";
 import {
   errorMessage,
   OutboxStorageConflictError,
@@ -240,6 +241,8 @@ interface KeyRead {
  */
 export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   readonly #kv: KV;
+  /** The hot operations (pipelined for a plain `Bucket`). */
+  readonly #requests: KvRequests;
   readonly #index: ActiveIndex;
   readonly #orphanGraceMs: number;
   readonly #claimCacheSize: number;
@@ -249,6 +252,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   /** Uses `kv` (a bucket from `Kvm#create` / `Kvm#open`, or `createOutboxBucket`). */
   constructor(kv: KV, options: NatsKvOutboxOptions = {}) {
     this.#kv = kv;
+    this.#requests = new KvRequests(kv);
     this.#orphanGraceMs = nonNegative("orphanGraceMs", options.orphanGraceMs ?? 60_000);
     this.#claimCacheSize = nonNegative("claimCacheSize", options.claimCacheSize ?? 10_000);
     this.#index = new ActiveIndex(kv, nonNegative("syncTimeoutMs", options.syncTimeoutMs ?? 5_000));
@@ -322,7 +326,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   async get(id: string): Promise<OutboxMessage | undefined> {
     const codec = await recordCodec();
     const key = await outboxRecordKey(id);
-    const entry = await this.#kv.get(key);
+    const entry = await this.#requests.get(key);
     if (!entry || entry.operation !== "PUT") return undefined;
     const decoded = codec.decodeRecord(entry.value, id);
     return decoded.ok
@@ -673,7 +677,11 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     // landing after a concurrent retry moved the head past a message a claim had just taken.
     const skipped: StoredOutboxRecord = { ...head.record, skipped: true };
     try {
-      await this.#kv.update(await outboxRecordKey(headId), encodeJson(skipped), head.revision);
+      await this.#requests.update(
+        await outboxRecordKey(headId),
+        encodeJson(skipped),
+        head.revision,
+      );
     } catch (error) {
       if (isWrongLastSequence(error)) return false; // retried, or skipped by another call
       throw error;
@@ -693,7 +701,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const nowIso = now.toISOString();
     const found = await Promise.all([...new Set(ids)].map(async (id) => {
       const key = await outboxRecordKey(id);
-      const entry = await this.#kv.get(key);
+      const entry = await this.#requests.get(key);
       if (!entry || entry.operation !== "PUT") return undefined;
       const decoded = codec.decodeRecord(entry.value, id);
       if (!decoded.ok || decoded.record.state === "dispatched") return undefined;
@@ -765,12 +773,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     delete next.claimToken;
     let written: number;
     try {
-      written = await this.#kv.update(key, encodeJson(next), revision);
+      written = await this.#requests.update(key, encodeJson(next), revision);
     } catch (error) {
       if (isWrongLastSequence(error)) return 0;
       throw error;
     }
-    const marked = await this.#kv.put(
+    const marked = await this.#requests.put(
       markerKeyOf(key),
       encodeJson(markerOf(next, { rev: written })),
     );
@@ -894,7 +902,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   async #ensureMarker(key: string, record: StoredOutboxRecord, revision: number): Promise<boolean> {
     const marker = markerOf(record, { rev: revision });
     try {
-      await this.#kv.create(markerKeyOf(key), encodeJson(marker));
+      await this.#requests.create(markerKeyOf(key), encodeJson(marker));
       return true;
     } catch (error) {
       if (isWrongLastSequence(error)) return false;
@@ -908,7 +916,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     { ok: true; record: StoredOutboxRecord; revision: number } | { ok: false } | undefined
   > {
     const codec = await recordCodec();
-    const entry = await this.#kv.get(await outboxRecordKey(id));
+    const entry = await this.#requests.get(await outboxRecordKey(id));
     if (!entry || entry.operation !== "PUT") return undefined;
     const decoded = codec.decodeRecord(entry.value, id);
     return decoded.ok ? { ...decoded, revision: entry.revision } : { ok: false };
@@ -959,8 +967,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const marker: Marker = { v: 1, id: record.id };
     if (record.orderingKey !== undefined) marker.key = record.orderingKey;
     const [created, indexed] = await Promise.allSettled([
-      this.#kv.create(key, bytes),
-      this.#kv.create(markerKey, encodeJson(marker)),
+      this.#requests.create(key, bytes),
+      this.#requests.create(markerKey, encodeJson(marker)),
     ]);
     if (created.status === "fulfilled") {
       if (indexed.status === "rejected" && !isWrongLastSequence(indexed.reason)) {
@@ -981,7 +989,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         // instead of leaving an orphan for the grace. After any other failure (a timeout, say)
         // the record may have landed: keep the marker, which makes it claimable if it did and
         // is dropped as an orphan after orphanGraceMs if it did not.
-        await this.#kv.delete(markerKey, { previousSeq: indexed.value }).catch(() => {});
+        await this.#requests.delete(markerKey, { previousSeq: indexed.value }).catch(() => {});
       }
       if (refused) {
         // nats.js refused the write itself (above the server's max_payload, when the server's
@@ -997,7 +1005,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       throw created.reason;
     }
     // The id exists: identical content returns the stored message, other content throws.
-    const entry = await this.#kv.get(key);
+    const entry = await this.#requests.get(key);
     if (!entry || entry.operation !== "PUT") {
       throw new OutboxStorageConflictError(record.id, { cause: created.reason });
     }
@@ -1007,7 +1015,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const terminal = existing.state === "dispatched" || existing.state === "dead";
     if (terminal && indexed.status === "fulfilled") {
       // The marker written with the attempt points at a settled record: take it back.
-      await this.#kv.delete(markerKey, { previousSeq: indexed.value }).catch(() => {});
+      await this.#requests.delete(markerKey, { previousSeq: indexed.value }).catch(() => {});
     }
     assertOutboxIdentity(existing, record, contextHeaders);
     return { message: toMessage(existing) };
@@ -1018,7 +1026,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     for (const delayMs of [0, 50, 250, 1_000]) {
       if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
       try {
-        await this.#kv.create(markerKey, encodeJson(marker));
+        await this.#requests.create(markerKey, encodeJson(marker));
         return;
       } catch (error) {
         if (isWrongLastSequence(error)) return; // it exists
@@ -1047,7 +1055,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     };
     let written: number;
     try {
-      written = await this.#kv.update(entry.recordKey, encodeJson(next), revision);
+      written = await this.#requests.update(entry.recordKey, encodeJson(next), revision);
     } catch (error) {
       if (isWrongLastSequence(error)) return undefined; // another claimer won
       throw error;
@@ -1070,7 +1078,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     // requeue's new marker), and only the marker observed here may be dropped.
     const observed = entry.markerRevision;
     const writtenMs = entry.markerWrittenMs;
-    const got = await this.#kv.get(entry.recordKey);
+    const got = await this.#requests.get(entry.recordKey);
     if (!got || got.operation !== "PUT") {
       // One clock: the marker's server timestamp against the server time the watch last showed.
       if (this.#index.serverTimeMs() - writtenMs < this.#orphanGraceMs) return "waiting";
@@ -1104,7 +1112,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   /** Drops exactly the marker revision `observed`; a newer marker (a requeue's) stays. */
   async #dropMarker(markerKey: string, observed: number): Promise<void> {
     this.#index.forget(markerKey, observed);
-    await this.#kv.delete(markerKey, { previousSeq: observed }).catch(() => {
+    await this.#requests.delete(markerKey, { previousSeq: observed }).catch(() => {
       // Changed meanwhile (requeued, rescheduled): the newer marker stays, as it should.
     });
   }
@@ -1126,7 +1134,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     let current = cached && verdictOf(cached.record, mark) === "apply" ? cached : undefined;
     for (let attempt = 0; attempt < 3; attempt++) {
       if (!current) {
-        const got = await this.#kv.get(key);
+        const got = await this.#requests.get(key);
         if (!got || got.operation !== "PUT") return false;
         const decoded = codec.decodeRecord(got.value, claim.id);
         if (!decoded.ok) return false;
@@ -1144,7 +1152,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       const next = applyMark(current.record, mark, now.toISOString());
       let revision: number;
       try {
-        revision = await this.#kv.update(key, encodeJson(next), current.revision);
+        revision = await this.#requests.update(key, encodeJson(next), current.revision);
       } catch (error) {
         if (!isWrongLastSequence(error)) throw error;
         current = undefined; // someone else wrote it: read again and re-check the fence
@@ -1165,21 +1173,21 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       if (record.state === "failed") {
         const marker = markerOf(record, { due: record.nextAttemptAt, rev: revision });
         this.#index.hint(markerKey, Date.parse(record.nextAttemptAt!), revision);
-        this.#index.wroteMarker(markerKey, await this.#kv.put(markerKey, encodeJson(marker)));
+        this.#index.wroteMarker(markerKey, await this.#requests.put(markerKey, encodeJson(marker)));
       } else if (record.state === "dispatched") {
         this.#index.forget(markerKey);
-        await this.#kv.delete(markerKey); // dispatched is final: nothing can revive the marker
+        await this.#requests.delete(markerKey); // dispatched is final: nothing can revive the marker
       } else {
         // dead can be requeued, and a requeue right after this write puts a new marker that
         // describes a newer record revision (`rev`): delete only a marker from before this
         // write, exactly the revision read here (never the in-process index's idea of it).
         const codec = await recordCodec();
-        const entry = await this.#kv.get(markerKey);
+        const entry = await this.#requests.get(markerKey);
         if (entry?.operation !== "PUT") return;
         const marker = codec.decodeMarker(entry.value);
         if (marker?.rev !== undefined && marker.rev > revision) return;
         this.#index.forget(markerKey, entry.revision);
-        await this.#kv.delete(markerKey, { previousSeq: entry.revision });
+        await this.#requests.delete(markerKey, { previousSeq: entry.revision });
       }
     } catch {
       // The record is settled; a stale marker is removed by the next claim that reads it.
@@ -1194,7 +1202,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     if (purge) {
       // The settled record's marker tombstone goes too, keeping the watch's snapshot small.
       const markerKey = markerKeyOf(entry.key);
-      const marker = await this.#kv.get(markerKey);
+      const marker = await this.#requests.get(markerKey);
       if (marker && marker.operation !== "PUT") await purge(markerKey, marker.revision);
     }
     return true;
@@ -1454,7 +1462,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         value.at = state.revision;
       }
       try {
-        await this.#kv.update(state.entryKey, encodeJson(value), state.revision);
+        await this.#requests.update(state.entryKey, encodeJson(value), state.revision);
         return true;
       } catch (error) {
         if (!isWrongLastSequence(error)) throw error;
@@ -1474,7 +1482,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       const value: KeyEntry = { ...state.value };
       delete value.seq;
       try {
-        await this.#kv.update(state.entryKey, encodeJson(value), state.revision);
+        await this.#requests.update(state.entryKey, encodeJson(value), state.revision);
         return;
       } catch (error) {
         if (!isWrongLastSequence(error)) throw error;
@@ -1493,7 +1501,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   async #readKey(key: string): Promise<KeyRead> {
     const codec = await recordCodec();
     const entryKey = await keyEntryKey(key);
-    const got = await this.#kv.get(entryKey);
+    const got = await this.#requests.get(entryKey);
     if (!got) return { entryKey, revision: 0 };
     const value = got.operation === "PUT" ? codec.decodeKeyEntry(got.value) : undefined;
     return { entryKey, revision: got.revision, value: value?.key === key ? value : undefined };
@@ -1502,8 +1510,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   /** Writes a key entry over exactly `state` (a create when there is none). */
   async #writeKey(state: KeyRead, value: KeyEntry): Promise<number> {
     return state.revision === 0
-      ? await this.#kv.create(state.entryKey, encodeJson(value))
-      : await this.#kv.update(state.entryKey, encodeJson(value), state.revision);
+      ? await this.#requests.create(state.entryKey, encodeJson(value))
+      : await this.#requests.update(state.entryKey, encodeJson(value), state.revision);
   }
 
   #remember(record: StoredOutboxRecord, revision: number): void {

@@ -1,0 +1,530 @@
+/**
+ * The pipelined KV operations of the NATS KV stores (`src/stores/nats_kv/kv_requests.ts`)
+ * against a real server: every outcome (value, revision shape, error class, code, message and
+ * cause chain) is compared with the same operation through the bucket's own method, and the
+ * transport failures (timeout, late reply, closed connection, reconnect) are exercised on a
+ * private server.
+ */
+
+import assert from "node:assert/strict";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { headers } from "@nats-io/nats-core";
+import { Bucket, type KV, Kvm } from "@nats-io/kv";
+import { JetStreamClientImpl } from "@nats-io/jetstream/internal";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { KvRequests } from "../src/stores/nats_kv/kv_requests.ts";
+import { countingKv, newCounts } from "./nats_kv_fixture.ts";
+import { connectNats, eventually, NatsServer, sleep, uniqueName } from "./kit/mod.ts";
+
+interface Outcome {
+  value?: unknown;
+  error?: { names: string[]; message: string; code?: unknown };
+}
+
+/** What `run` resolved with, or the error's class names down its cause chain, message and code. */
+async function outcome(run: () => Promise<unknown>): Promise<Outcome> {
+  try {
+    return { value: await run() };
+  } catch (error) {
+    const names: string[] = [];
+    for (let e = error as Error | undefined; e instanceof Error; e = e.cause as Error) {
+      names.push(`${e.constructor.name}/${e.name}`);
+    }
+    const e = error as Error & { code?: unknown };
+    return { error: { names, message: e.message, code: e.code } };
+  }
+}
+
+/** An entry as the stores read it (`created` and `revision` included). */
+function entryShape(entry: Awaited<ReturnType<KV["get"]>>) {
+  if (entry === null) return null;
+  return {
+    key: entry.key,
+    bucket: entry.bucket,
+    operation: entry.operation,
+    value: [...entry.value],
+    revision: entry.revision,
+    created: entry.created.toISOString(),
+    length: entry.length,
+  };
+}
+
+async function withBucket(
+  run: (kv: KV, requests: KvRequests, nc: NatsConnection) => Promise<void>,
+  options: { allowDirect?: boolean; timeoutMs?: number } = {},
+): Promise<void> {
+  const nc = await connectNats();
+  const kv = await new Kvm(jetstream(nc, { timeout: options.timeoutMs ?? 5_000 })).create(
+    uniqueName("kvr"),
+    {
+      history: 1,
+      allow_direct: options.allowDirect ?? true,
+    },
+  );
+  try {
+    await run(kv, new KvRequests(kv), nc);
+  } finally {
+    await kv.destroy().catch(() => {});
+    await nc.close();
+  }
+}
+
+Deno.test("kv requests: a plain Bucket is pipelined; wrappers and other KV objects use their own methods", async () => {
+  await withBucket(async (kv) => {
+    assert.equal(new KvRequests(kv).pipelined, true);
+    const counts = newCounts();
+    const counted = new KvRequests(countingKv(kv, counts));
+    assert.equal(counted.pipelined, false);
+    const revision = await counted.put("a", "1");
+    await counted.update("a", "2", revision);
+    await counted.create("b", "3");
+    await counted.delete("b");
+    assert.equal((await counted.get("a"))?.string(), "2");
+    assert.deepEqual(counts.calls, { put: 1, update: 1, create: 1, delete: 1, get: 1 });
+  });
+  // Any KV-shaped object: its own methods, nothing else touched.
+  const calls: string[] = [];
+  const fake = {
+    get: (key: string) => (calls.push(`get ${key}`), Promise.resolve(null)),
+    put: (key: string) => (calls.push(`put ${key}`), Promise.resolve(7)),
+    update: (
+      key: string,
+      _v: unknown,
+      r: number,
+    ) => (calls.push(`update ${key} ${r}`), Promise.resolve(8)),
+    create: (key: string) => (calls.push(`create ${key}`), Promise.resolve(9)),
+    delete: (key: string) => (calls.push(`delete ${key}`), Promise.resolve()),
+  } as unknown as KV;
+  const requests = new KvRequests(fake);
+  assert.equal(requests.pipelined, false);
+  assert.equal(await requests.get("k"), null);
+  assert.equal(await requests.put("k", "v"), 7);
+  assert.equal(await requests.update("k", "v", 0), 8, "the object's own checks, not the Bucket's");
+  assert.equal(await requests.create("k", "v"), 9);
+  await requests.delete("k");
+  assert.deepEqual(calls, ["get k", "put k", "update k 0", "create k", "delete k"]);
+});
+
+Deno.test("kv requests: a bucket whose JetStream client or API has its methods replaced (instrumentation) keeps its own path", async () => {
+  const nc = await connectNats();
+  const js = jetstream(nc);
+  // What a tracing wrapper does: every KV write through js.publish carries its header.
+  const publish = js.publish.bind(js);
+  js.publish = (subject, data, options) => {
+    const h = options?.headers ?? headers();
+    h.set("X-Traced", "1");
+    return publish(subject, data, { ...options, headers: h });
+  };
+  const kv = await new Kvm(js).create(uniqueName("kvr"), { history: 1, allow_direct: true });
+  const stream = (await kv.status()).streamInfo.config.name;
+  try {
+    const requests = new KvRequests(kv);
+    assert.equal(requests.pipelined, false, "js.publish is not the client's own");
+    const revision = await requests.put("a", "1");
+    const stored = await (await jetstreamManager(nc)).streams.getMessage(stream, { seq: revision });
+    assert.equal(stored?.header.get("X-Traced"), "1", "the write went through the wrapper");
+    // The managers' APIs the gets bypass: a replaced getMessage keeps the bucket's own get.
+    const direct = (kv as unknown as { jsm: { direct: { getMessage: unknown } } }).jsm.direct;
+    const plain = new Kvm(nc).create(uniqueName("kvr"), { history: 1, allow_direct: true });
+    const other = await plain;
+    try {
+      const otherDirect = (other as unknown as { jsm: { direct: { getMessage: unknown } } }).jsm
+        .direct;
+      assert.equal(new KvRequests(other).pipelined, true);
+      otherDirect.getMessage = direct.getMessage;
+      assert.equal(new KvRequests(other).pipelined, false, "direct.getMessage replaced");
+    } finally {
+      await other.destroy().catch(() => {});
+    }
+  } finally {
+    await kv.destroy().catch(() => {});
+    await nc.close();
+  }
+});
+
+Deno.test("kv requests: classes whose methods are not the tested @nats-io 3.4.0 ones (another version) keep their own path", async () => {
+  await withBucket((kv) => {
+    assert.equal(new KvRequests(kv).pipelined, true);
+    // A release changing what a write or get does (here simulated on the prototypes, as an npm
+    // caret range deduplicating to a newer @nats-io/kv or @nats-io/jetstream would ship it):
+    // the pipelined path reproduces 3.4.0's steps, so it must not stand in for other ones.
+    const targets: [object, string][] = [
+      [Bucket.prototype, "_put"],
+      [Bucket.prototype, "get"],
+      [JetStreamClientImpl.prototype, "_publish"],
+      [
+        Object.getPrototypeOf((kv as unknown as { jsm: { direct: object } }).jsm.direct),
+        "getMessage",
+      ],
+    ];
+    for (const [target, name] of targets) {
+      const original = (target as Record<string, unknown>)[name] as (...args: unknown[]) => unknown;
+      Object.defineProperty(target, name, {
+        value: function (this: unknown, ...args: unknown[]) {
+          return original.apply(this, args); // another version's body
+        },
+        configurable: true,
+        writable: true,
+      });
+      try {
+        assert.equal(new KvRequests(kv).pipelined, false, name);
+      } finally {
+        Object.defineProperty(target, name, {
+          value: original,
+          configurable: true,
+          writable: true,
+        });
+      }
+      assert.equal(new KvRequests(kv).pipelined, true, `${name} restored`);
+    }
+    return Promise.resolve();
+  });
+});
+
+/** Runs `scenario` once through the bucket's methods and once pipelined, on twin keys. */
+async function compare(
+  kv: KV,
+  requests: KvRequests,
+  scenario: (ops: Ops, key: string) => Promise<unknown>,
+): Promise<void> {
+  const own: Ops = {
+    get: (k) => kv.get(k),
+    put: (k, v) => kv.put(k, v),
+    update: (k, v, r) => kv.update(k, v, r),
+    create: (k, v) => kv.create(k, v),
+    delete: (k, o) => kv.delete(k, o),
+  };
+  const name = uniqueName("k").replaceAll("-", "_");
+  const expected = await outcome(() => scenario(own, `own.${name}`));
+  const actual = await outcome(() => scenario(requests, `pipe.${name}`));
+  assert.deepEqual(normalise(actual), normalise(expected));
+}
+
+interface Ops {
+  get(key: string): Promise<Awaited<ReturnType<KV["get"]>>>;
+  put(key: string, value: Uint8Array | string): Promise<number>;
+  update(key: string, value: Uint8Array | string, revision: number): Promise<number>;
+  create(key: string, value: Uint8Array | string): Promise<number>;
+  delete(key: string, options?: { previousSeq?: number }): Promise<void>;
+}
+
+/** Keys and revisions differ between the twins (`own.` / `pipe.` keys written in turn). */
+function normalise(o: Outcome): unknown {
+  return JSON.parse(
+    JSON.stringify(o).replaceAll(/(own|pipe)\.k_/g, "K_").replaceAll(
+      /"(revision|created)":("[^"]*"|\d+)/g,
+      '"$1":"x"',
+    ).replaceAll(/wrong last sequence: \d+/g, "wrong last sequence: N"),
+  );
+}
+
+for (const allowDirect of [true, false]) {
+  Deno.test(`kv requests: every outcome is the bucket's own (CAS, create over tombstones, gets, errors), ${allowDirect ? "direct gets" : "STREAM.MSG.GET"}`, async () => {
+    await withBucket(async (kv, requests) => {
+      assert.equal(requests.pipelined, true);
+      const scenarios: Record<string, (ops: Ops, key: string) => Promise<unknown>> = {
+        "put, get": async (ops, key) => {
+          const revision = await ops.put(key, "one");
+          const entry = entryShape(await ops.get(key));
+          assert.equal(entry?.revision, revision);
+          return entry;
+        },
+        "update with the right revision": async (ops, key) => {
+          const revision = await ops.put(key, "one");
+          const next = await ops.update(key, new Uint8Array([1, 2, 3]), revision);
+          assert.ok(next > revision);
+          return entryShape(await ops.get(key));
+        },
+        "update with a stale revision: wrong last sequence": async (ops, key) => {
+          const revision = await ops.put(key, "one");
+          await ops.put(key, "two");
+          return await ops.update(key, "three", revision);
+        },
+        "update of a missing key": (ops, key) => ops.update(key, "x", 5),
+        "update with revision 0 throws at once": (ops, key) => {
+          try {
+            ops.update(key, "x", 0);
+          } catch (error) {
+            return Promise.resolve(`sync: ${(error as Error).message}`);
+          }
+          return Promise.resolve("no sync throw");
+        },
+        "create on an existing key": async (ops, key) => {
+          await ops.create(key, "one");
+          return await ops.create(key, "two");
+        },
+        "create over a DEL tombstone": async (ops, key) => {
+          const revision = await ops.create(key, "one");
+          await ops.delete(key, { previousSeq: revision });
+          const deleted = entryShape(await ops.get(key));
+          const again = await ops.create(key, "two");
+          assert.ok(again > (deleted?.revision ?? Infinity));
+          return [deleted, entryShape(await ops.get(key))];
+        },
+        "create over a PURGE tombstone": async (ops, key) => {
+          await ops.put(key, "one");
+          await kv.purge(key);
+          const purged = entryShape(await ops.get(key));
+          await ops.create(key, "two");
+          return [purged, entryShape(await ops.get(key))];
+        },
+        "delete with a stale revision": async (ops, key) => {
+          const revision = await ops.put(key, "one");
+          await ops.put(key, "two");
+          return await ops.delete(key, { previousSeq: revision });
+        },
+        "delete without revision, then update over the tombstone": async (ops, key) => {
+          await ops.put(key, "one");
+          await ops.delete(key);
+          const deleted = await ops.get(key);
+          return [entryShape(deleted), await ops.update(key, "x", deleted!.revision) > 0];
+        },
+        "get of a missing key": (ops, key) => ops.get(key),
+        "invalid keys": async (ops, key) => {
+          const results = [];
+          for (const bad of [`${key}..x`, `.${key}`, `${key} x`, ""]) {
+            results.push(await outcome(() => ops.put(bad, "v")));
+            results.push(await outcome(() => ops.get(bad)));
+            results.push(await outcome(() => ops.create(bad, "v")));
+            results.push(await outcome(() => ops.delete(bad)));
+          }
+          return results;
+        },
+        "a large value (900 KiB)": async (ops, key) => {
+          const value = new Uint8Array(900 * 1024).map((_, i) => i % 251);
+          await ops.put(key, value);
+          const entry = await ops.get(key);
+          assert.deepEqual(entry?.value, value);
+          return entry?.length;
+        },
+        "a value over max_payload": (ops, key) => ops.put(key, new Uint8Array(2 * 1024 * 1024)),
+      };
+      for (const [name, scenario] of Object.entries(scenarios)) {
+        await compare(kv, requests, scenario).catch((error) => {
+          throw new Error(`${name}: ${error.message}`, { cause: error });
+        });
+      }
+    }, { allowDirect });
+  });
+}
+
+Deno.test("kv requests: no responders (the stream is gone) fail as the bucket's own calls do", async () => {
+  await withBucket(async (kv, requests) => {
+    await kv.destroy();
+    for (
+      const [name, run] of [
+        ["put", (ops: Ops) => ops.put("a", "1")],
+        ["update", (ops: Ops) => ops.update("a", "1", 3)],
+        ["create", (ops: Ops) => ops.create("a", "1")],
+        ["delete", (ops: Ops) => ops.delete("a", { previousSeq: 2 })],
+        ["get", (ops: Ops) => ops.get("a")],
+      ] as const
+    ) {
+      const expected = await outcome(() => run(kv as unknown as Ops));
+      const actual = await outcome(() => run(requests));
+      assert.deepEqual(actual, expected, name);
+      assert.ok(expected.error, `${name} fails`);
+      console.log(name, JSON.stringify(expected.error));
+    }
+  }, { timeoutMs: 1_000 });
+});
+
+/** A bucket on a private server whose JetStream client times out after `timeoutMs`. */
+async function privateBucket(server: NatsServer, timeoutMs: number) {
+  const nc = await connectNats(server.url, { maxReconnectAttempts: -1, reconnectTimeWait: 100 });
+  const kv = await new Kvm(jetstream(nc, { timeout: timeoutMs })).create(uniqueName("kvr"), {
+    history: 1,
+    allow_direct: true,
+  });
+  return { nc, kv, requests: new KvRequests(kv) };
+}
+
+Deno.test("kv requests: a frozen server times out like the bucket; late replies are ignored", async () => {
+  await using server = await NatsServer.start();
+  const { nc, kv, requests } = await privateBucket(server, 400);
+  try {
+    assert.equal(requests.pipelined, true);
+    await requests.put("a", "0");
+    await nc.flush();
+    server.pause();
+    await sleep(100);
+    const started = performance.now();
+    const [own, piped, pipedGet, ownGet] = await Promise.all([
+      outcome(() => kv.put("a", "1")),
+      outcome(() => requests.put("a", "2")),
+      outcome(() => requests.get("a")),
+      outcome(() => kv.get("a")),
+    ]);
+    const elapsed = performance.now() - started;
+    assert.deepEqual(piped, own);
+    assert.deepEqual(pipedGet, ownGet);
+    assert.deepEqual(own.error?.names, ["TimeoutError/TimeoutError"]);
+    assert.ok(elapsed >= 350 && elapsed < 3_000, `timed out after ${elapsed} ms`);
+    // The server answers the timed-out requests once resumed: those replies are dropped, and the
+    // next requests get their own replies (the puts applied: the last one wins).
+    server.resume();
+    await eventually(async () => assert.equal((await requests.get("a"))?.string() !== "0", true));
+    const entry = await requests.get("a");
+    const next = await requests.update("a", "3", entry!.revision);
+    assert.equal(next, entry!.revision + 1);
+    assert.equal((await requests.get("a"))?.string(), "3");
+  } finally {
+    server.resume();
+    await kv.destroy().catch(() => {});
+    await nc.close();
+  }
+});
+
+Deno.test("kv requests: a request in flight when the connection closes, and after", async () => {
+  await using server = await NatsServer.start();
+  const { nc, kv, requests } = await privateBucket(server, 5_000);
+  const name = (await kv.status()).bucket;
+  try {
+    await requests.put("a", "0");
+    await nc.flush();
+    server.pause();
+    await sleep(100);
+    const own = outcome(() => kv.put("a", "1"));
+    const piped = outcome(() => requests.put("a", "2"));
+    const pipedGet = outcome(() => requests.get("a"));
+    await sleep(50);
+    await nc.close();
+    const [ownResult, pipedResult, getResult] = await Promise.all([own, piped, pipedGet]);
+    assert.deepEqual(pipedResult, ownResult);
+    assert.deepEqual(getResult, ownResult);
+    assert.equal(ownResult.error?.message, "connection closed");
+    // Closed: rejected at once, as the bucket does.
+    assert.deepEqual(
+      await outcome(() => requests.update("a", "x", 1)),
+      await outcome(() => kv.update("a", "x", 1)),
+    );
+    assert.deepEqual(
+      (await outcome(() => requests.get("a"))).error?.names,
+      ["ClosedConnectionError/ClosedConnectionError"],
+    );
+  } finally {
+    server.resume();
+    const cleanup = await connectNats(server.url);
+    await new Kvm(cleanup).open(name).then((kv) => kv.destroy()).catch(() => {});
+    await cleanup.close();
+  }
+});
+
+Deno.test("kv requests: the reply subscription survives a server restart", async () => {
+  await using server = await NatsServer.start();
+  const { nc, kv, requests } = await privateBucket(server, 1_000);
+  try {
+    const revision = await requests.put("a", "0");
+    await server.kill("SIGKILL");
+    await server.restart();
+    await eventually(() => requests.put("b", "1"), { timeoutMs: 20_000, intervalMs: 200 });
+    assert.equal((await requests.get("a"))?.revision, revision);
+    assert.equal(await requests.update("a", "1", revision) > revision, true);
+    assert.equal((await requests.get("a"))?.string(), "1");
+  } finally {
+    await kv.destroy().catch(() => {});
+    await nc.close();
+  }
+});
+
+Deno.test("kv requests: a draining connection takes no new request, as the bucket's calls", async () => {
+  const nc = await connectNats();
+  const kv = await new Kvm(nc).create(uniqueName("kvr"), { history: 1, allow_direct: true });
+  const name = (await kv.status()).bucket;
+  const requests = new KvRequests(kv);
+  try {
+    const revision = await requests.put("a", "0");
+    const drained = nc.drain();
+    for (
+      const run of [
+        (ops: Ops) => ops.put("a", "1"),
+        (ops: Ops) => ops.update("a", "1", revision),
+        (ops: Ops) => ops.get("a"),
+      ]
+    ) {
+      const expected = await outcome(() => run(kv as unknown as Ops));
+      assert.deepEqual(await outcome(() => run(requests)), expected);
+      assert.equal(expected.error?.names[0], "DrainingConnectionError/DrainingConnectionError");
+    }
+    await drained;
+  } finally {
+    const cleanup = await connectNats();
+    await new Kvm(cleanup).open(name).then((kv) => kv.destroy()).catch(() => {});
+    await cleanup.close();
+  }
+});
+
+/** A connection kept across the next three tests, as a user's test module may keep one. */
+let kept: { nc: NatsConnection; kv: KV; requests: KvRequests } | undefined;
+
+Deno.test({
+  name: "kv requests: (a connection kept across tests: open)",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  fn: async () => {
+    const nc = await connectNats();
+    const kv = await new Kvm(nc).create(uniqueName("kvr"), { history: 1, allow_direct: true });
+    kept = { nc, kv, requests: new KvRequests(kv) };
+  },
+});
+
+Deno.test("kv requests: no timer outlives the requests it guards (a connection kept across tests)", async () => {
+  // The op sanitizer reports a timer this test started and left pending; nc.request clears its
+  // timer once its reply is in, so the bucket's own calls leave none.
+  assert.ok(kept, "run with the test before it");
+  const { requests } = kept;
+  const revision = await requests.put("a", "1");
+  await requests.update("a", "2", revision);
+  await Promise.all([requests.get("a"), requests.create("b", "1"), requests.get("b")]);
+});
+
+Deno.test({
+  name: "kv requests: (a connection kept across tests: close)",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  fn: async () => {
+    await kept?.kv.destroy().catch(() => {});
+    await kept?.nc.close();
+    kept = undefined;
+  },
+});
+
+Deno.test("kv requests: a publish the server's permissions refuse fails as the bucket's own calls do", async () => {
+  await using server = await NatsServer.start({
+    config: [
+      "authorization { users = [",
+      "  { user: admin, password: a }",
+      '  { user: limited, password: l, permissions: { publish: { allow: [">"], deny: ["$KV.*.denied"] } } }',
+      "] }",
+    ],
+  });
+  const admin = await connectNats(server.url, { user: "admin", pass: "a" });
+  const name = uniqueName("kvr");
+  const created = await new Kvm(admin).create(name, { history: 1, allow_direct: true });
+  const nc = await connectNats(server.url, { user: "limited", pass: "l" });
+  try {
+    const kv = await new Kvm(jetstream(nc, { timeout: 2_000 })).open(name);
+    const requests = new KvRequests(kv);
+    assert.equal(requests.pipelined, true);
+    for (
+      const [label, run] of [
+        ["put", (ops: Ops) => ops.put("denied", "1")],
+        ["update", (ops: Ops) => ops.update("denied", "1", 1)],
+        ["create", (ops: Ops) => ops.create("denied", "1")],
+        ["delete", (ops: Ops) => ops.delete("denied")],
+      ] as const
+    ) {
+      const expected = await outcome(() => run(kv as unknown as Ops));
+      assert.equal(
+        expected.error?.names.at(-1),
+        "PermissionViolationError/PermissionViolationError",
+      );
+      assert.deepEqual(await outcome(() => run(requests)), expected, label);
+    }
+    assert.equal(typeof await requests.put("allowed", "1"), "number");
+  } finally {
+    await created.destroy().catch(() => {});
+    await nc.close();
+    await admin.close();
+  }
+});
