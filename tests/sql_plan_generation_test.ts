@@ -107,6 +107,92 @@ Deno.test("postgres: a relay that started on an empty outbox plans its statement
   }
 });
 
+/** Events as small as a producer's usual ones (a small table in few pages at first). */
+function smallRecords(from: number, count: number, keyed: boolean): OutboxRecord[] {
+  return records(from, count).map((record, k) =>
+    keyed
+      ? { ...record, payload: "{}", orderingKey: `key-${(from + k) % 7}` }
+      : { ...record, payload: "{}" }
+  );
+}
+
+/** Rows the table's sequential scans have read (flushed when the reading connection closed). */
+async function sequentialReads(admin: postgres.Sql, table: string): Promise<number> {
+  let read = 0;
+  for (let wait = 0; wait < 20; wait++) {
+    await admin.unsafe("SELECT pg_stat_clear_snapshot()");
+    const [row] = await admin.unsafe(
+      `SELECT coalesce(seq_tup_read, 0)::bigint AS n FROM pg_stat_user_tables WHERE relname = $1`,
+      [table],
+    );
+    read = Number(row?.n ?? 0);
+    if (read > 0) break;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  return read;
+}
+
+for (
+  const [perTransaction, keyed] of [[false, false], [true, false], [false, true]] as const
+) {
+  Deno.test(
+    `postgres: a producer's enqueueMany prepared on an empty outbox does not read the whole table later (${
+      perTransaction ? "a repository per transaction" : "one repository"
+    }${keyed ? ", ordering keys" : ""})`,
+    async () => {
+      // A producer never claims, so plan generations never reach its statements. Its enqueueMany
+      // (batches of 50, each sent twice as a retrying producer does), prepared on the empty table,
+      // kept generic plans that read the whole outbox on every call: getMany (ids already stored)
+      // and insertMany's key heads each hashed a sequential scan (seq_tup_read 1.5M per statement).
+      const url = await postgresUrl();
+      const admin = postgres(url, { max: 1, onnotice: () => {} });
+      const appSql = postgres(url, { max: 1, onnotice: () => {} });
+      const tables = uniqueTables();
+      const o = tables.outbox;
+      let appOpen = true;
+      try {
+        await migrate(postgresJsExecutor(admin), { dialect: "postgres", tables });
+        await admin.unsafe(`ALTER TABLE ${o} SET (autovacuum_enabled = false)`);
+        const shared = new SqlOutboxRepository(postgresJsExecutor(appSql), "postgres", tables);
+        const enqueueMany = (batch: OutboxRecord[]) =>
+          perTransaction
+            ? appSql.begin((tx) =>
+              new SqlOutboxRepository(postgresJsExecutor(tx), "postgres", tables).enqueueMany(batch)
+            )
+            : shared.enqueueMany(batch);
+        let next = 0;
+        for (let i = 0; i < 10; i++) {
+          await enqueueMany(smallRecords(next, 50, keyed));
+          await enqueueMany(smallRecords(next, 50, keyed));
+          next += 50;
+        }
+        await admin.unsafe(
+          `INSERT INTO ${o} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at)
+         SELECT 'h-' || g, 'event.publish', 'old', 'orders.old', repeat('x', 160), '{}'::jsonb, 'dispatched', 1, now(), now()
+         FROM generate_series(1, ${history}) AS g`,
+        );
+        for (let i = 0; i < 30; i++) {
+          // Each batch twice, as a producer that retries (or a handler run again) sends it.
+          await enqueueMany(smallRecords(next, 50, keyed));
+          await enqueueMany(smallRecords(next, 50, keyed));
+          next += 50;
+        }
+        await appSql.end();
+        appOpen = false;
+        const read = await sequentialReads(admin, o);
+        assert.ok(
+          read < 500_000,
+          `the table's sequential scans read ${read} rows: the producer kept plans made on an empty table`,
+        );
+      } finally {
+        if (appOpen) await appSql.end();
+        await dropPostgresTables(postgresJsExecutor(admin), tables);
+        await admin.end();
+      }
+    },
+  );
+}
+
 Deno.test("plan generations: the statements are planned again at 64, 256, ... 65,536 claimed", () => {
   assert.deepEqual(
     [0, 63, 64, 255, 256, 1_023, 1_024, 4_096, 16_384, 65_535, 65_536, 10_000_000].map(

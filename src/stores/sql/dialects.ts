@@ -197,10 +197,14 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   const head = `lk AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(${
     keyLockArgs("$8::text")
   }) WHERE $8::text IS NOT NULL), head AS (SELECT 1 FROM ${o} WHERE (SELECT count(*) FROM lk) >= 0 AND ordering_key = $8::text AND key_head FOR KEY SHARE)`;
+  // `heads`: one probe of the key head index per key of the batch (LIMIT 1 keeps the lateral
+  // subquery from being flattened): as `ordering_key IN (...)`, the generic plan made while the
+  // table was small hashed the keys against a sequential scan of every row, on every keyed
+  // enqueueMany of a producer (whose statements plan generations never reach: it never claims).
   const batch =
     `input AS (SELECT r.v, r.ord, r.v->>'orderingKey' AS k FROM json_array_elements($1::text::json) WITH ORDINALITY AS r(v, ord)), lk AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(${
       keyLockArgs("d.k")
-    }) FROM (SELECT DISTINCT k FROM input WHERE k IS NOT NULL) AS d), heads AS (SELECT ordering_key FROM ${o} WHERE (SELECT count(*) FROM lk) >= 0 AND key_head AND ordering_key IN (SELECT k FROM input WHERE k IS NOT NULL) FOR KEY SHARE), firsts AS (SELECT min(ord) AS ord FROM input WHERE k IS NOT NULL GROUP BY k), batch_rows AS (SELECT i.v, i.ord, i.k, (i.k IS NULL OR (i.k NOT IN (SELECT ordering_key FROM heads) AND i.ord IN (SELECT ord FROM firsts))) AS head FROM input AS i)`;
+    }) FROM (SELECT DISTINCT k FROM input WHERE k IS NOT NULL) AS d), heads AS (SELECT h.ordering_key FROM (SELECT DISTINCT k FROM input WHERE k IS NOT NULL) AS d CROSS JOIN LATERAL (SELECT ordering_key FROM ${o} WHERE (SELECT count(*) FROM lk) >= 0 AND key_head AND ordering_key IS NOT NULL AND ordering_key = d.k LIMIT 1 FOR KEY SHARE) AS h), firsts AS (SELECT min(ord) AS ord FROM input WHERE k IS NOT NULL GROUP BY k), batch_rows AS (SELECT i.v, i.ord, i.k, (i.k IS NULL OR (i.k NOT IN (SELECT ordering_key FROM heads) AND i.ord IN (SELECT ord FROM firsts))) AS head FROM input AS i)`;
   // Followers of a row that would become a new head are held back (a new head may lose to a
   // concurrent one and be inserted again later, after them); they go in the next round.
   const batchInsert =
@@ -227,8 +231,11 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     ),
     insertMany: withNotify(batch, batchInsert, "$3"),
     get: `SELECT ${columns} FROM ${o} AS t WHERE t.id = $1`,
+    // One primary-key probe per id (LIMIT 1 keeps the subquery from being flattened into a
+    // join): as `t.id IN (...)`, the generic plan made while the table was small hashed the ids
+    // and read the whole table, on every enqueueMany that met a stored id.
     getMany:
-      `SELECT ${columns} FROM ${o} AS t WHERE t.id IN (SELECT json_array_elements_text($1::text::json))`,
+      `SELECT ${columns} FROM json_array_elements_text($1::text::json) AS m(id) CROSS JOIN LATERAL (SELECT * FROM ${o} AS x WHERE x.id = m.id LIMIT 1) AS t`,
     // The claimed ids are collected first (an InitPlan) and the rows fetched through the primary
     // key: joined to the table instead, large batches on mid-sized tables got a hash join over
     // a sequential scan of the whole table. The candidates are the oldest pending rows
