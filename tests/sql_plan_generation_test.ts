@@ -9,7 +9,13 @@
 
 import assert from "node:assert/strict";
 import postgres from "postgres";
-import { migrate, type OutboxRecord, postgresJsExecutor, SqlOutboxRepository } from "../mod.ts";
+import {
+  migrate,
+  type OutboxRecord,
+  postgresJsExecutor,
+  SqlInboxRepository,
+  SqlOutboxRepository,
+} from "../mod.ts";
 import { planGeneration } from "../src/stores/sql/plan_generations.ts";
 import { postgresUrl } from "./kit/mod.ts";
 import { dropPostgresTables, uniqueTables } from "./sql/harness.ts";
@@ -200,4 +206,58 @@ Deno.test("plan generations: the statements are planned again at 64, 256, ... 65
     ),
     [0, 0, 1, 1, 2, 2, 3, 4, 5, 5, 6, 6],
   );
+});
+
+Deno.test("postgres: an inbox retention job whose prune was planned on an empty inbox plans it again as it prunes", async () => {
+  const url = await postgresUrl();
+  const admin = postgres(url, { max: 1, onnotice: () => {} });
+  // ONE connection for the retention job: its prepared statements are the ones that matter.
+  const jobSql = postgres(url, { max: 1, onnotice: () => {} });
+  const tables = uniqueTables();
+  const table = tables.inbox;
+  let jobOpen = true;
+  try {
+    await migrate(postgresJsExecutor(admin), { dialect: "postgres", tables });
+    await admin.unsafe(`ALTER TABLE ${table} SET (autovacuum_enabled = false)`);
+    const inbox = new SqlInboxRepository(postgresJsExecutor(jobSql), "postgres", tables);
+    const base = Date.now() - 86_400_000;
+    // A new deployment: the job runs while the inbox is still empty (its plan is made now).
+    for (let i = 0; i < 8; i++) {
+      assert.equal(await inbox.prune({ receivedBefore: new Date(), batchSize: 1_000 }), 0);
+    }
+    // A day of messages later: 100,000 recorded ids, the oldest 20,000 past the retention.
+    await admin.unsafe(
+      `INSERT INTO ${table} (consumer, message_id, received_at)
+       SELECT 'c', 'm-' || g, to_timestamp(${base / 1000}) + g * interval '1 ms'
+       FROM generate_series(1, 100000) AS g`,
+    );
+    const removed = await inbox.prune({
+      receivedBefore: new Date(base + 20_001),
+      batchSize: 1_000,
+    });
+    assert.equal(removed, 20_000);
+    await jobSql.end();
+    jobOpen = false;
+    let read = 0;
+    for (let wait = 0; wait < 20; wait++) {
+      await admin.unsafe("SELECT pg_stat_clear_snapshot()");
+      const [row] = await admin.unsafe(
+        `SELECT coalesce(seq_tup_read, 0)::bigint AS n FROM pg_stat_user_tables WHERE relname = $1`,
+        [table],
+      );
+      read = Number(row?.n ?? 0);
+      if (read > 0) break;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    // With the plan made on the empty inbox, each of the 20 batches reads the whole table
+    // (2,000,000 rows in all); planned again after its first batch, the job probes indexes.
+    assert.ok(
+      read < 600_000,
+      `the inbox's sequential scans read ${read} rows: the prune kept a plan made on an empty inbox`,
+    );
+  } finally {
+    if (jobOpen) await jobSql.end();
+    await dropPostgresTables(postgresJsExecutor(admin), tables);
+    await admin.end();
+  }
 });

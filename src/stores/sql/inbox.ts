@@ -17,6 +17,7 @@ import type {
 import { integer } from "./decode.ts";
 import { type OutboxStatements, outboxStatements } from "./dialects.ts";
 import type { SqlExecutor } from "./executors.ts";
+import { planGeneration, withPlanGeneration } from "./plan_generations.ts";
 import { withSchemaErrors } from "./schema_errors.ts";
 import {
   checkDialect,
@@ -54,7 +55,11 @@ export class SqlInboxRepository implements InboxRepository, InboxAdmin {
   readonly dialect: SqlDialect;
   /** The validated table names. */
   readonly tables: ResolvedSqlOutboxTables;
-  readonly #sql: OutboxStatements;
+  /** The statements of the current plan generation (see plan_generations.ts). */
+  #sql: OutboxStatements;
+  readonly #statements: OutboxStatements;
+  /** Rows this inbox has pruned (Postgres: what the plan generation follows). */
+  #pruned = 0;
 
   /** Creates the inbox; throws `OutboxValidationError` for a bad dialect or table name. */
   constructor(
@@ -68,7 +73,8 @@ export class SqlInboxRepository implements InboxRepository, InboxAdmin {
       throw new OutboxValidationError("executor", "SQL executor must have query(sql, params)");
     }
     this.executor = withSchemaErrors(executor, this.dialect, this.tables, this.tables.inbox);
-    this.#sql = outboxStatements(this.dialect, this.tables, false);
+    this.#statements = outboxStatements(this.dialect, this.tables, false);
+    this.#sql = this.#statements;
   }
 
   /** Records `messageId` for the consumer scope (default `""`); `true` only the first time. */
@@ -102,6 +108,14 @@ export class SqlInboxRepository implements InboxRepository, InboxAdmin {
       const rows = await this.executor.query(this.#sql.inboxPrune, [cutoff, batchSize]);
       const deleted = this.dialect === "postgres" ? integer(rows[0]?.n) ?? 0 : rows.length;
       removed += deleted;
+      if (this.dialect === "postgres" && deleted > 0) {
+        // Planned again as the inbox this job prunes proves large (plan_generations.ts): a
+        // prune statement planned while the inbox was empty reads all of it, every batch.
+        const before = planGeneration(this.#pruned);
+        this.#pruned += deleted;
+        const after = planGeneration(this.#pruned);
+        if (after !== before) this.#sql = withPlanGeneration(this.#statements, after);
+      }
       if (deleted < batchSize) return removed;
     }
   }

@@ -137,8 +137,8 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   /** The statements of the current plan generation (see plan_generations.ts). */
   #sql: OutboxStatements;
   readonly #statements: OutboxStatements;
-  /** Messages this repository has claimed (Postgres: what the plan generation follows). */
-  #claimed = 0;
+  /** Rows this repository has claimed or pruned (Postgres: what the plan generation follows). */
+  #worked = 0;
   readonly #channel: string | undefined;
   readonly #maxPayloadBytes: number;
 
@@ -298,7 +298,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
         if (rows.length === 0) throw error;
       }
     }
-    if (this.dialect === "postgres") this.#countClaimed(rows.length);
+    this.#countWork(rows.length);
     // RETURNING gives no order: restore the claim order (seq).
     rows.sort((a, b) => (integer(a.seq) ?? 0) - (integer(b.seq) ?? 0));
     const claimed: OutboxMessage[] = [];
@@ -321,14 +321,16 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /**
-   * Postgres: counts claimed messages, and moves to the next plan generation when the count
-   * passes its threshold, so the statements are prepared and planned again on the table as it
-   * is now (plan_generations.ts).
+   * Postgres: counts claimed and pruned rows, and moves to the next plan generation when the
+   * count passes its threshold, so the statements are prepared and planned again on the table
+   * as it is now (plan_generations.ts). A repository that only prunes (a retention job) needs
+   * it as much as a relay: its prune statement planned on an empty table reads all of it.
    */
-  #countClaimed(count: number): void {
-    const before = planGeneration(this.#claimed);
-    this.#claimed += count;
-    const after = planGeneration(this.#claimed);
+  #countWork(count: number): void {
+    if (this.dialect !== "postgres" || count === 0) return;
+    const before = planGeneration(this.#worked);
+    this.#worked += count;
+    const after = planGeneration(this.#worked);
     if (after !== before) this.#sql = withPlanGeneration(this.#statements, after);
   }
 
@@ -486,6 +488,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       while (true) {
         const rows = await this.executor.query(this.#sql.prune[state], [cutoff, batchSize]);
         const deleted = this.dialect === "postgres" ? integer(rows[0]?.n) ?? 0 : rows.length;
+        this.#countWork(deleted);
         result[state] += deleted;
         if (deleted > 0) options.onProgress?.({ ...result });
         if (deleted < batchSize) break;

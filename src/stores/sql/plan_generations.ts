@@ -11,12 +11,16 @@
  * held 19,000 rows, until the table was analyzed.
  *
  * So a repository on Postgres varies the text of its statements with a comment, `/* plan g<N> *\/`,
- * as the number of messages it has claimed passes 64, 256, 1,024, 4,096, 16,384 and 65,536. Each
- * new text is a new prepared statement on each connection, planned with the table as it is
- * then; a plan made once the relay has claimed thousands of messages probes the indexes. That
- * is at most six extra prepared statements per statement and connection, over the repository's
- * life, and nothing at all once it has claimed 65,536 messages. A plan made on a large table
- * stays right when the table shrinks again (pruning): index probes cost little at any size.
+ * as the number of rows it has claimed (or pruned: a retention job that only prunes, outbox or
+ * inbox, has the same problem with its prune statement) passes 64, 256, 1,024, 4,096, 16,384
+ * and 65,536. Each new text is a new prepared statement on each connection, planned with the
+ * table as it is then; a plan made once the repository has worked through thousands of rows
+ * probes the indexes. That is at most six extra prepared statements per statement and
+ * connection, over the repository's life (measured: 22 prepared statements, about 3 MB of cached
+ * plans, on a relay connection after 70,000 claims), and nothing at all past 65,536. A plan made
+ * on a large table stays right when the table shrinks again (pruning): index probes cost little
+ * at any size. Repositories that only enqueue never change generation; their statements look
+ * rows up through indexes whatever the plan (dialects.ts).
  *
  * @module
  */
