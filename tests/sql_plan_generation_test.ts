@@ -261,3 +261,64 @@ Deno.test("postgres: an inbox retention job whose prune was planned on an empty 
     await admin.end();
   }
 });
+
+Deno.test("postgres: an outbox retention job whose prune was planned on an empty outbox reads only its batches", async () => {
+  const url = await postgresUrl();
+  const admin = postgres(url, { max: 1, onnotice: () => {} });
+  const jobSql = postgres(url, { max: 1, onnotice: () => {} });
+  const tables = uniqueTables();
+  const o = tables.outbox;
+  let jobOpen = true;
+  try {
+    await migrate(postgresJsExecutor(admin), { dialect: "postgres", tables });
+    await admin.unsafe(`ALTER TABLE ${o} SET (autovacuum_enabled = false)`);
+    // A repository that only prunes (a retention job beside the relay): it never claims.
+    const job = new SqlOutboxRepository(postgresJsExecutor(jobSql), "postgres", tables);
+    const base = Date.now() - 86_400_000;
+    for (let i = 0; i < 8; i++) {
+      const pruned = await job.prune({ dispatchedBefore: new Date(), batchSize: 1_000 });
+      assert.equal(pruned.dispatched, 0);
+    }
+    // 100,000 dispatched rows, settled 7 at a time (a mark batch shares its updated_at).
+    await admin.unsafe(
+      `INSERT INTO ${o} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at)
+       SELECT 'h-' || g, 'event.publish', 'old', 'orders.old', repeat('x', 160), '{}'::jsonb, 'dispatched', 1,
+              to_timestamp(${base / 1000}), to_timestamp(${base / 1000}) + (g / 7) * interval '1 ms'
+       FROM generate_series(1, 100000) AS g`,
+    );
+    const progress: number[] = [];
+    const pruned = await job.prune({
+      dispatchedBefore: new Date(base + 3_000),
+      batchSize: 1_000,
+      onProgress: (p) => progress.push(p.dispatched),
+    });
+    // 0..2999 ms: g / 7 < 3000, g = 1..20,999.
+    assert.equal(pruned.dispatched, 20_999);
+    assert.deepEqual(progress.slice(0, 3), [1_000, 2_000, 3_000], "batches of exactly batchSize");
+    await jobSql.end();
+    jobOpen = false;
+    let read = 0;
+    for (let wait = 0; wait < 20; wait++) {
+      await admin.unsafe("SELECT pg_stat_clear_snapshot()");
+      const [row] = await admin.unsafe(
+        `SELECT (coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))::bigint AS n FROM pg_stat_user_tables WHERE relname = $1`,
+        [o],
+      );
+      read = Number(row?.n ?? 0);
+      if (read > 0) break;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    // Planned on the empty outbox, `id IN (SELECT ... LIMIT)` re-ran its subquery for every
+    // candidate row: 20.7 million rows fetched, most for the first batch. As an index range per
+    // batch: about 200,000 (each batch's range scan also passes the rows earlier batches
+    // deleted, which no vacuum has removed).
+    assert.ok(
+      read < 1_000_000,
+      `the outbox's scans fetched ${read} rows: the prune read more than its batches`,
+    );
+  } finally {
+    if (jobOpen) await jobSql.end();
+    await dropPostgresTables(postgresJsExecutor(admin), tables);
+    await admin.end();
+  }
+});

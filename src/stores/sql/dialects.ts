@@ -214,8 +214,13 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   // of claimed rows, scan every active row for a hash join; the batch must instead probe the
   // primary key once per mark (checked with EXPLAIN in tests/sql_claim_plan_test.ts).
   const keep = "(ordering_key IS NULL OR NOT key_head)";
+  // A batch is the oldest $2 prunable rows by (updated_at, seq), deleted as a range of the
+  // retention index up to the last of them: whatever plan Postgres keeps for the statement, it
+  // reads the batch's index range. (As `id IN (SELECT ... LIMIT $2)`, the generic plan made
+  // while the table was empty re-ran the subquery for every candidate row: 4 s for one batch of
+  // 1,000 among 100,000 rows, against 3 ms.)
   const prune = (state: "dispatched" | "dead") =>
-    `WITH gone AS (DELETE FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} AND id IN (SELECT id FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} LIMIT $2::int) RETURNING 1) SELECT count(*) AS n FROM gone`;
+    `WITH batch AS (SELECT updated_at, seq FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} ORDER BY updated_at, seq LIMIT $2::int), bound AS (SELECT updated_at, seq FROM batch ORDER BY updated_at DESC, seq DESC LIMIT 1), gone AS (DELETE FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} AND updated_at <= (SELECT updated_at FROM bound) AND (updated_at < (SELECT updated_at FROM bound) OR seq <= (SELECT seq FROM bound)) RETURNING 1) SELECT count(*) AS n FROM gone`;
   const marks =
     "json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, token text, state text, error text, next timestamptz, outcome text)";
   // The key fence (schema_v4.ts): a claimed row's key sequence.
@@ -326,8 +331,11 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     inboxRecord:
       `INSERT INTO ${t.inbox} (consumer, message_id, received_at) VALUES ($1, $2, $3::timestamptz) ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id`,
     inboxHas: `SELECT 1 AS found FROM ${t.inbox} WHERE consumer = $1 AND message_id = $2`,
+    // As the outbox's prune: the oldest $2 ids by (received_at, consumer, message_id), deleted
+    // as a range of the received index (as `IN (SELECT ... LIMIT $2)`, a generic plan made on
+    // an empty inbox hashed the batch against a sequential scan of the whole inbox).
     inboxPrune:
-      `WITH gone AS (DELETE FROM ${t.inbox} WHERE (consumer, message_id) IN (SELECT consumer, message_id FROM ${t.inbox} WHERE received_at < $1::timestamptz LIMIT $2::int) RETURNING 1) SELECT count(*) AS n FROM gone`,
+      `WITH batch AS (SELECT received_at, consumer, message_id FROM ${t.inbox} WHERE received_at < $1::timestamptz ORDER BY received_at, consumer, message_id LIMIT $2::int), bound AS (SELECT received_at, consumer, message_id FROM batch ORDER BY received_at DESC, consumer DESC, message_id DESC LIMIT 1), gone AS (DELETE FROM ${t.inbox} WHERE received_at < $1::timestamptz AND received_at <= (SELECT received_at FROM bound) AND (received_at < (SELECT received_at FROM bound) OR (consumer, message_id) <= (SELECT consumer, message_id FROM bound)) RETURNING 1) SELECT count(*) AS n FROM gone`,
   };
 }
 
