@@ -227,7 +227,7 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   // ordered by (updated_at, seq) directly, a plan made on the empty table sorted every prunable
   // row for each batch (tests/sql_plan_generation_test.ts).
   const prune = (state: "dispatched" | "dead") =>
-    `WITH batch AS (SELECT updated_at, seq FROM (SELECT updated_at, seq FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} ORDER BY updated_at FETCH FIRST ($2::int) ROWS WITH TIES) AS ties ORDER BY updated_at, seq LIMIT $2::int), bound AS (SELECT updated_at, seq FROM batch ORDER BY updated_at DESC, seq DESC LIMIT 1), gone AS (DELETE FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} AND updated_at <= (SELECT updated_at FROM bound) AND (updated_at < (SELECT updated_at FROM bound) OR seq <= (SELECT seq FROM bound)) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`;
+    `WITH batch AS (SELECT updated_at, seq FROM (SELECT updated_at, seq FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} ORDER BY updated_at FETCH FIRST ($2::bigint) ROWS WITH TIES) AS ties ORDER BY updated_at, seq LIMIT $2::bigint), bound AS (SELECT updated_at, seq FROM batch ORDER BY updated_at DESC, seq DESC LIMIT 1), gone AS (DELETE FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} AND updated_at <= (SELECT updated_at FROM bound) AND (updated_at < (SELECT updated_at FROM bound) OR seq <= (SELECT seq FROM bound)) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`;
   const marks =
     "json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, token text, state text, error text, next timestamptz, outcome text)";
   // The key fence (schema_v4.ts): a claimed row's key sequence.
@@ -342,7 +342,7 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     // as a range of the received index (as `IN (SELECT ... LIMIT $2)`, a generic plan made on
     // an empty inbox hashed the batch against a sequential scan of the whole inbox).
     inboxPrune:
-      `WITH batch AS (SELECT received_at, consumer, message_id FROM ${t.inbox} WHERE received_at < $1::timestamptz ORDER BY received_at, consumer, message_id LIMIT $2::int), bound AS (SELECT received_at, consumer, message_id FROM batch ORDER BY received_at DESC, consumer DESC, message_id DESC LIMIT 1), gone AS (DELETE FROM ${t.inbox} WHERE received_at < $1::timestamptz AND received_at <= (SELECT received_at FROM bound) AND (received_at < (SELECT received_at FROM bound) OR (consumer, message_id) <= (SELECT consumer, message_id FROM bound)) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`,
+      `WITH batch AS (SELECT received_at, consumer, message_id FROM ${t.inbox} WHERE received_at < $1::timestamptz ORDER BY received_at, consumer, message_id LIMIT $2::bigint), bound AS (SELECT received_at, consumer, message_id FROM batch ORDER BY received_at DESC, consumer DESC, message_id DESC LIMIT 1), gone AS (DELETE FROM ${t.inbox} WHERE received_at < $1::timestamptz AND received_at <= (SELECT received_at FROM bound) AND (received_at < (SELECT received_at FROM bound) OR (consumer, message_id) <= (SELECT consumer, message_id FROM bound)) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`,
   };
 }
 

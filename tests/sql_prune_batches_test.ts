@@ -1,5 +1,6 @@
 /**
- * Postgres prune against a concurrent writer: a batch whose rows another transaction deletes
+ * Postgres prune batches: any batchSize the options accept, and batches against a concurrent
+ * writer: a batch whose rows another transaction deletes
  * (a second pruner) or changes (a requeue) while the batch waits for their locks deletes fewer
  * than `batchSize` rows. The batch was still full, so the loop must go on: stopping there left
  * every later eligible row behind (three concurrent pruners with batch sizes 1000, 10 and 37
@@ -132,5 +133,37 @@ Deno.test("postgres: an inbox prune whose batch lost rows to a concurrent pruner
     await other.end();
     await dropPostgresTables(postgresJsExecutor(admin), tables);
     await admin.end();
+  }
+});
+
+Deno.test("postgres: prune takes any batchSize checkedBatchSize accepts (a safe integer >= 1)", async () => {
+  const url = await postgresUrl();
+  const sql = postgres(url, { max: 1, onnotice: () => {} });
+  const tables = uniqueTables();
+  try {
+    await migrate(postgresJsExecutor(sql), { dialect: "postgres", tables });
+    await sql.unsafe(
+      `INSERT INTO ${tables.outbox} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at)
+       VALUES ('d-1', 'event.publish', 'old', 'orders.old', 'x', '{}'::jsonb, 'dispatched', 1, now() - interval '2 days', now() - interval '2 days')`,
+    );
+    await sql.unsafe(
+      `INSERT INTO ${tables.inbox} (consumer, message_id, received_at) VALUES ('c', 'm', now() - interval '2 days')`,
+    );
+    const outbox = new SqlOutboxRepository(postgresJsExecutor(sql), "postgres", tables);
+    const inbox = new SqlInboxRepository(postgresJsExecutor(sql), "postgres", tables);
+    const before = new Date(Date.now() - 3_600_000);
+    for (const batchSize of [2 ** 31, Number.MAX_SAFE_INTEGER]) {
+      assert.deepEqual(
+        await outbox.prune({ dispatchedBefore: before, deadBefore: before, batchSize }),
+        { dispatched: batchSize === 2 ** 31 ? 1 : 0, dead: 0 },
+      );
+      assert.equal(
+        await inbox.prune({ receivedBefore: before, batchSize }),
+        batchSize === 2 ** 31 ? 1 : 0,
+      );
+    }
+  } finally {
+    await dropPostgresTables(postgresJsExecutor(sql), tables);
+    await sql.end();
   }
 });
