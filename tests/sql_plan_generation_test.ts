@@ -16,7 +16,9 @@ import {
   SqlInboxRepository,
   SqlOutboxRepository,
 } from "../mod.ts";
+import { outboxStatements } from "../src/stores/sql/dialects.ts";
 import { planGeneration } from "../src/stores/sql/plan_generations.ts";
+import { resolveSqlOutboxTables } from "../src/stores/sql/tables.ts";
 import { postgresUrl } from "./kit/mod.ts";
 import { dropPostgresTables, uniqueTables } from "./sql/harness.ts";
 
@@ -320,5 +322,48 @@ Deno.test("postgres: an outbox retention job whose prune was planned on an empty
     if (jobOpen) await jobSql.end();
     await dropPostgresTables(postgresJsExecutor(admin), tables);
     await admin.end();
+  }
+});
+
+Deno.test("postgres: an outbox prune statement planned on an empty outbox reads one batch of its index, not every prunable row", async () => {
+  const url = await postgresUrl();
+  const sql = postgres(url, { max: 1, onnotice: () => {} });
+  const tables = uniqueTables();
+  const o = tables.outbox;
+  try {
+    await migrate(postgresJsExecutor(sql), { dialect: "postgres", tables });
+    await sql.unsafe(`ALTER TABLE ${o} SET (autovacuum_enabled = false)`);
+    const statement = outboxStatements("postgres", resolveSqlOutboxTables(tables), false).prune
+      .dispatched;
+    const cutoff = new Date(Date.now() - 3_600_000).toISOString();
+    // Planned while the outbox is empty; after five runs Postgres keeps the generic plan.
+    await sql.unsafe(`PREPARE p(text, int) AS ${statement}`);
+    for (let i = 0; i < 8; i++) await sql.unsafe(`EXECUTE p('${cutoff}', 1000)`);
+    await sql.unsafe(
+      `INSERT INTO ${o} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at)
+       SELECT 'h-' || g, 'event.publish', 'old', 'orders.old', 'x', '{}'::jsonb, 'dispatched', 1,
+              now() - interval '2 days', now() - interval '2 days' + (g / 7) * interval '1 ms'
+       FROM generate_series(1, 50000) AS g`,
+    );
+    const [row] = await sql.unsafe(
+      `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE p('${cutoff}', 1000)`,
+    );
+    let most = 0;
+    const visit = (node: Record<string, unknown>): void => {
+      if (node["Relation Name"] === o && node["Node Type"] !== "ModifyTable") {
+        most = Math.max(most, Number(node["Actual Rows"]) * Number(node["Actual Loops"]));
+      }
+      for (const child of (node.Plans as Record<string, unknown>[] | undefined) ?? []) visit(child);
+    };
+    const explained = row["QUERY PLAN"];
+    visit((typeof explained === "string" ? JSON.parse(explained) : explained)[0].Plan);
+    // Ordered by (updated_at, seq), a plan made on the empty outbox sorted every prunable row
+    // (50,000) for each batch; ordered by the index's updated_at, it reads the batch (and its
+    // ties).
+    assert.ok(most <= 2_000, `one batch of 1,000 read ${most} rows of the outbox`);
+  } finally {
+    await sql.unsafe("DEALLOCATE ALL").catch(() => {});
+    await dropPostgresTables(postgresJsExecutor(sql), tables);
+    await sql.end();
   }
 });

@@ -104,7 +104,11 @@ export interface OutboxStatements {
   listDead: string;
   /** $1 now */
   stats: string;
-  /** $1 cutoff, $2 batch size; resolves with the deleted count (`n`) or one row per deletion */
+  /**
+   * $1 cutoff, $2 batch size; resolves with one row per deletion (SQLite) or, on Postgres, the
+   * deleted count (`n`) and the rows the batch found prunable (`batch`): fewer deleted than found
+   * means a concurrent transaction took or changed some of them, not that none are left.
+   */
   prune: Readonly<Record<"dispatched" | "dead", string>>;
   /** $1 cutoff */
   count: Readonly<Record<"dispatched" | "dead", string>>;
@@ -112,7 +116,7 @@ export interface OutboxStatements {
   inboxRecord: string;
   /** $1 consumer, $2 message id */
   inboxHas: string;
-  /** $1 cutoff, $2 batch size */
+  /** $1 cutoff, $2 batch size; resolves as `prune` */
   inboxPrune: string;
 }
 
@@ -218,9 +222,12 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   // retention index up to the last of them: whatever plan Postgres keeps for the statement, it
   // reads the batch's index range. (As `id IN (SELECT ... LIMIT $2)`, the generic plan made
   // while the table was empty re-ran the subquery for every candidate row: 4 s for one batch of
-  // 1,000 among 100,000 rows, against 3 ms.)
+  // 1,000 among 100,000 rows, against 3 ms.) The batch first takes rows in the index's own
+  // order, updated_at, with ties (FETCH FIRST ... WITH TIES), and only those are sorted by seq:
+  // ordered by (updated_at, seq) directly, a plan made on the empty table sorted every prunable
+  // row for each batch (tests/sql_plan_generation_test.ts).
   const prune = (state: "dispatched" | "dead") =>
-    `WITH batch AS (SELECT updated_at, seq FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} ORDER BY updated_at, seq LIMIT $2::int), bound AS (SELECT updated_at, seq FROM batch ORDER BY updated_at DESC, seq DESC LIMIT 1), gone AS (DELETE FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} AND updated_at <= (SELECT updated_at FROM bound) AND (updated_at < (SELECT updated_at FROM bound) OR seq <= (SELECT seq FROM bound)) RETURNING 1) SELECT count(*) AS n FROM gone`;
+    `WITH batch AS (SELECT updated_at, seq FROM (SELECT updated_at, seq FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} ORDER BY updated_at FETCH FIRST ($2::bigint) ROWS WITH TIES) AS ties ORDER BY updated_at, seq LIMIT $2::bigint), bound AS (SELECT updated_at, seq FROM batch ORDER BY updated_at DESC, seq DESC LIMIT 1), gone AS (DELETE FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} AND updated_at <= (SELECT updated_at FROM bound) AND (updated_at < (SELECT updated_at FROM bound) OR seq <= (SELECT seq FROM bound)) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`;
   const marks =
     "json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, token text, state text, error text, next timestamptz, outcome text)";
   // The key fence (schema_v4.ts): a claimed row's key sequence.
@@ -335,7 +342,7 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     // as a range of the received index (as `IN (SELECT ... LIMIT $2)`, a generic plan made on
     // an empty inbox hashed the batch against a sequential scan of the whole inbox).
     inboxPrune:
-      `WITH batch AS (SELECT received_at, consumer, message_id FROM ${t.inbox} WHERE received_at < $1::timestamptz ORDER BY received_at, consumer, message_id LIMIT $2::int), bound AS (SELECT received_at, consumer, message_id FROM batch ORDER BY received_at DESC, consumer DESC, message_id DESC LIMIT 1), gone AS (DELETE FROM ${t.inbox} WHERE received_at < $1::timestamptz AND received_at <= (SELECT received_at FROM bound) AND (received_at < (SELECT received_at FROM bound) OR (consumer, message_id) <= (SELECT consumer, message_id FROM bound)) RETURNING 1) SELECT count(*) AS n FROM gone`,
+      `WITH batch AS (SELECT received_at, consumer, message_id FROM ${t.inbox} WHERE received_at < $1::timestamptz ORDER BY received_at, consumer, message_id LIMIT $2::bigint), bound AS (SELECT received_at, consumer, message_id FROM batch ORDER BY received_at DESC, consumer DESC, message_id DESC LIMIT 1), gone AS (DELETE FROM ${t.inbox} WHERE received_at < $1::timestamptz AND received_at <= (SELECT received_at FROM bound) AND (received_at < (SELECT received_at FROM bound) OR (consumer, message_id) <= (SELECT consumer, message_id FROM bound)) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`,
   };
 }
 

@@ -18,6 +18,7 @@ import { integer } from "./decode.ts";
 import { type OutboxStatements, outboxStatements } from "./dialects.ts";
 import type { SqlExecutor } from "./executors.ts";
 import { planGeneration, withPlanGeneration } from "./plan_generations.ts";
+import { prunedAll } from "./prune_batches.ts";
 import { withSchemaErrors } from "./schema_errors.ts";
 import {
   checkDialect,
@@ -116,7 +117,7 @@ export class SqlInboxRepository implements InboxRepository, InboxAdmin {
         const after = planGeneration(this.#pruned);
         if (after !== before) this.#sql = withPlanGeneration(this.#statements, after);
       }
-      if (deleted < batchSize) return removed;
+      if (prunedAll(this.dialect, rows, deleted, batchSize)) return removed;
     }
   }
 }

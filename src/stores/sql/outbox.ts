@@ -51,6 +51,7 @@ import {
 import { decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
 import { type OutboxStatements, outboxStatements } from "./dialects.ts";
 import { planGeneration, withPlanGeneration } from "./plan_generations.ts";
+import { prunedAll } from "./prune_batches.ts";
 import type { SqlExecutor, SqlRow } from "./executors.ts";
 import { outboxColumnsV3 } from "./schema.ts";
 import { withSchemaErrors } from "./schema_errors.ts";
@@ -491,7 +492,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
         this.#countWork(deleted);
         result[state] += deleted;
         if (deleted > 0) options.onProgress?.({ ...result });
-        if (deleted < batchSize) break;
+        if (prunedAll(this.dialect, rows, deleted, batchSize)) break;
       }
     }
     return result;
