@@ -14,11 +14,10 @@ import type {
   InboxRecordOptions,
   InboxRepository,
 } from "../../core/types.ts";
-import { integer } from "./decode.ts";
 import { type OutboxStatements, outboxStatements } from "./dialects.ts";
 import type { SqlExecutor } from "./executors.ts";
-import { planGeneration, withPlanGeneration } from "./plan_generations.ts";
-import { prunedAll } from "./prune_batches.ts";
+import { PlannedStatements } from "./plan_generations.ts";
+import { pruneBatch } from "./prune_batches.ts";
 import { withSchemaErrors } from "./schema_errors.ts";
 import {
   checkDialect,
@@ -56,11 +55,8 @@ export class SqlInboxRepository implements InboxRepository, InboxAdmin {
   readonly dialect: SqlDialect;
   /** The validated table names. */
   readonly tables: ResolvedSqlOutboxTables;
-  /** The statements of the current plan generation (see plan_generations.ts). */
-  #sql: OutboxStatements;
-  readonly #statements: OutboxStatements;
-  /** Rows this inbox has pruned (Postgres: what the plan generation follows). */
-  #pruned = 0;
+  /** The statements, planned again as the table grows (see plan_generations.ts). */
+  readonly #plans: PlannedStatements;
 
   /** Creates the inbox; throws `OutboxValidationError` for a bad dialect or table name. */
   constructor(
@@ -74,8 +70,15 @@ export class SqlInboxRepository implements InboxRepository, InboxAdmin {
       throw new OutboxValidationError("executor", "SQL executor must have query(sql, params)");
     }
     this.executor = withSchemaErrors(executor, this.dialect, this.tables, this.tables.inbox);
-    this.#statements = outboxStatements(this.dialect, this.tables, false);
-    this.#sql = this.#statements;
+    this.#plans = new PlannedStatements(
+      outboxStatements(this.dialect, this.tables, false),
+      this.dialect,
+    );
+  }
+
+  /** The statements of the current plan generation. */
+  get #sql(): OutboxStatements {
+    return this.#plans.current;
   }
 
   /** Records `messageId` for the consumer scope (default `""`); `true` only the first time. */
@@ -107,17 +110,12 @@ export class SqlInboxRepository implements InboxRepository, InboxAdmin {
     let removed = 0;
     while (true) {
       const rows = await this.executor.query(this.#sql.inboxPrune, [cutoff, batchSize]);
-      const deleted = this.dialect === "postgres" ? integer(rows[0]?.n) ?? 0 : rows.length;
+      const { deleted, last } = pruneBatch(this.dialect, rows, batchSize);
       removed += deleted;
-      if (this.dialect === "postgres" && deleted > 0) {
-        // Planned again as the inbox this job prunes proves large (plan_generations.ts): a
-        // prune statement planned while the inbox was empty reads all of it, every batch.
-        const before = planGeneration(this.#pruned);
-        this.#pruned += deleted;
-        const after = planGeneration(this.#pruned);
-        if (after !== before) this.#sql = withPlanGeneration(this.#statements, after);
-      }
-      if (prunedAll(this.dialect, rows, deleted, batchSize)) return removed;
+      // Planned again as the inbox this job prunes proves large (plan_generations.ts): a prune
+      // statement planned while the inbox was empty reads all of it.
+      this.#plans.count(deleted);
+      if (last) return removed;
     }
   }
 }

@@ -50,8 +50,8 @@ import {
 } from "../../core/validate.ts";
 import { decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
 import { type OutboxStatements, outboxStatements } from "./dialects.ts";
-import { planGeneration, withPlanGeneration } from "./plan_generations.ts";
-import { prunedAll } from "./prune_batches.ts";
+import { PlannedStatements } from "./plan_generations.ts";
+import { pruneBatch } from "./prune_batches.ts";
 import type { SqlExecutor, SqlRow } from "./executors.ts";
 import { outboxColumnsV3 } from "./schema.ts";
 import { withSchemaErrors } from "./schema_errors.ts";
@@ -135,11 +135,8 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   readonly dialect: SqlDialect;
   /** The validated table names. */
   readonly tables: ResolvedSqlOutboxTables;
-  /** The statements of the current plan generation (see plan_generations.ts). */
-  #sql: OutboxStatements;
-  readonly #statements: OutboxStatements;
-  /** Rows this repository has claimed or pruned (Postgres: what the plan generation follows). */
-  #worked = 0;
+  /** The statements, planned again as the table grows (see plan_generations.ts). */
+  readonly #plans: PlannedStatements;
   readonly #channel: string | undefined;
   readonly #maxPayloadBytes: number;
 
@@ -160,8 +157,10 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     }
     this.executor = withSchemaErrors(executor, this.dialect, this.tables, this.tables.outbox);
     this.#channel = notifyChannel(options.notify, this.dialect, this.tables);
-    this.#statements = outboxStatements(this.dialect, this.tables, this.#channel !== undefined);
-    this.#sql = this.#statements;
+    this.#plans = new PlannedStatements(
+      outboxStatements(this.dialect, this.tables, this.#channel !== undefined),
+      this.dialect,
+    );
     this.#maxPayloadBytes = checkedMaxPayloadBytes(options.maxPayloadBytes);
   }
 
@@ -299,7 +298,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
         if (rows.length === 0) throw error;
       }
     }
-    this.#countWork(rows.length);
+    this.#plans.count(rows.length);
     // RETURNING gives no order: restore the claim order (seq).
     rows.sort((a, b) => (integer(a.seq) ?? 0) - (integer(b.seq) ?? 0));
     const claimed: OutboxMessage[] = [];
@@ -321,18 +320,9 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     return claimed;
   }
 
-  /**
-   * Postgres: counts claimed and pruned rows, and moves to the next plan generation when the
-   * count passes its threshold, so the statements are prepared and planned again on the table
-   * as it is now (plan_generations.ts). A repository that only prunes (a retention job) needs
-   * it as much as a relay: its prune statement planned on an empty table reads all of it.
-   */
-  #countWork(count: number): void {
-    if (this.dialect !== "postgres" || count === 0) return;
-    const before = planGeneration(this.#worked);
-    this.#worked += count;
-    const after = planGeneration(this.#worked);
-    if (after !== before) this.#sql = withPlanGeneration(this.#statements, after);
+  /** The statements of the current plan generation. */
+  get #sql(): OutboxStatements {
+    return this.#plans.current;
   }
 
   /** Settles a claim as dispatched (fenced); `false` when the claim was superseded. */
@@ -488,11 +478,13 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       }
       while (true) {
         const rows = await this.executor.query(this.#sql.prune[state], [cutoff, batchSize]);
-        const deleted = this.dialect === "postgres" ? integer(rows[0]?.n) ?? 0 : rows.length;
-        this.#countWork(deleted);
+        const { deleted, last } = pruneBatch(this.dialect, rows, batchSize);
+        // A retention job that only prunes needs its statements planned again as much as a
+        // relay: planned on an empty table, they would read all of it.
+        this.#plans.count(deleted);
         result[state] += deleted;
         if (deleted > 0) options.onProgress?.({ ...result });
-        if (prunedAll(this.dialect, rows, deleted, batchSize)) break;
+        if (last) break;
       }
     }
     return result;

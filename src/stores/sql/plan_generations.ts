@@ -26,6 +26,7 @@
  */
 
 import type { OutboxStatements } from "./dialects.ts";
+import type { SqlDialect } from "./tables.ts";
 
 /** Claimed-message counts at which a repository's statements are planned again. */
 const thresholds = [64, 256, 1_024, 4_096, 16_384, 65_536] as const;
@@ -73,4 +74,36 @@ export function withPlanGeneration(
     byGeneration.set(generation, marked);
   }
   return marked;
+}
+
+/**
+ * A repository's statements, planned again (Postgres) as the rows it has claimed or pruned pass
+ * each threshold; on SQLite, which plans each prepared statement itself, always the same set.
+ */
+export class PlannedStatements {
+  readonly #statements: OutboxStatements;
+  readonly #follows: boolean;
+  #current: OutboxStatements;
+  #worked = 0;
+
+  /** Starts at generation 0 of `statements`. */
+  constructor(statements: OutboxStatements, dialect: SqlDialect) {
+    this.#statements = statements;
+    this.#current = statements;
+    this.#follows = dialect === "postgres";
+  }
+
+  /** The statements of the current generation. */
+  get current(): OutboxStatements {
+    return this.#current;
+  }
+
+  /** Counts `rows` claimed or pruned; past a threshold, the next generation's statements. */
+  count(rows: number): void {
+    if (!this.#follows || rows === 0) return;
+    const before = planGeneration(this.#worked);
+    this.#worked += rows;
+    const after = planGeneration(this.#worked);
+    if (after !== before) this.#current = withPlanGeneration(this.#statements, after);
+  }
 }

@@ -12,13 +12,16 @@
 import type { SqlDialect } from "./tables.ts";
 import { integer } from "./decode.ts";
 
-/** Whether the prune batch that returned `rows` (and deleted `deleted`) was the last. */
-export function prunedAll(
+/**
+ * What the prune statement that returned `rows` did: the rows it deleted (Postgres: its count;
+ * SQLite: a row per deletion) and whether it was the last batch.
+ */
+export function pruneBatch(
   dialect: SqlDialect,
   rows: readonly Record<string, unknown>[],
-  deleted: number,
   batchSize: number,
-): boolean {
+): { deleted: number; last: boolean } {
+  const deleted = dialect === "postgres" ? integer(rows[0]?.n) ?? 0 : rows.length;
   const found = dialect === "postgres" ? integer(rows[0]?.batch) ?? deleted : deleted;
-  return found < batchSize;
+  return { deleted, last: found < batchSize };
 }
