@@ -35,6 +35,32 @@ function records(from: number, count: number): OutboxRecord[] {
   }));
 }
 
+/**
+ * Rows the table's sequential scans have read, plus with `indexFetches` the rows its index
+ * scans fetched (flushed when the reading connection closed).
+ */
+async function scanReads(
+  admin: postgres.Sql,
+  table: string,
+  { indexFetches = false } = {},
+): Promise<number> {
+  const counted = indexFetches
+    ? "coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)"
+    : "coalesce(seq_tup_read, 0)";
+  let read = 0;
+  for (let wait = 0; wait < 20; wait++) {
+    await admin.unsafe("SELECT pg_stat_clear_snapshot()");
+    const [row] = await admin.unsafe(
+      `SELECT (${counted})::bigint AS n FROM pg_stat_user_tables WHERE relname = $1`,
+      [table],
+    );
+    read = Number(row?.n ?? 0);
+    if (read > 0) break;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  return read;
+}
+
 Deno.test("postgres: a relay that started on an empty outbox plans its statements again as it claims", async () => {
   const url = await postgresUrl();
   const admin = postgres(url, { max: 1, onnotice: () => {} });
@@ -90,17 +116,7 @@ Deno.test("postgres: a relay that started on an empty outbox plans its statement
     // Closing the relay's connection flushes its backend's statistics.
     await relaySql.end();
     relayOpen = false;
-    let read = 0;
-    for (let wait = 0; wait < 20; wait++) {
-      await admin.unsafe("SELECT pg_stat_clear_snapshot()");
-      const [row] = await admin.unsafe(
-        `SELECT coalesce(seq_tup_read, 0)::bigint AS n FROM pg_stat_user_tables WHERE relname = $1`,
-        [o],
-      );
-      read = Number(row?.n ?? 0);
-      if (read > 0) break;
-      await new Promise((resolve) => setTimeout(resolve, 100));
-    }
+    const read = await scanReads(admin, o);
     // With the plans made on the empty table, each of the last 30 rounds' statements reads all
     // 55,000 rows (millions in all); planned again on the grown table, they probe indexes. What
     // the first 5,000 messages cost while the table was still small is well under the bound.
@@ -122,22 +138,6 @@ function smallRecords(from: number, count: number, keyed: boolean): OutboxRecord
       ? { ...record, payload: "{}", orderingKey: `key-${(from + k) % 7}` }
       : { ...record, payload: "{}" }
   );
-}
-
-/** Rows the table's sequential scans have read (flushed when the reading connection closed). */
-async function sequentialReads(admin: postgres.Sql, table: string): Promise<number> {
-  let read = 0;
-  for (let wait = 0; wait < 20; wait++) {
-    await admin.unsafe("SELECT pg_stat_clear_snapshot()");
-    const [row] = await admin.unsafe(
-      `SELECT coalesce(seq_tup_read, 0)::bigint AS n FROM pg_stat_user_tables WHERE relname = $1`,
-      [table],
-    );
-    read = Number(row?.n ?? 0);
-    if (read > 0) break;
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
-  return read;
 }
 
 for (
@@ -187,7 +187,7 @@ for (
         }
         await appSql.end();
         appOpen = false;
-        const read = await sequentialReads(admin, o);
+        const read = await scanReads(admin, o);
         assert.ok(
           read < 500_000,
           `the table's sequential scans read ${read} rows: the producer kept plans made on an empty table`,
@@ -240,17 +240,7 @@ Deno.test("postgres: an inbox retention job whose prune was planned on an empty 
     assert.equal(removed, 20_000);
     await jobSql.end();
     jobOpen = false;
-    let read = 0;
-    for (let wait = 0; wait < 20; wait++) {
-      await admin.unsafe("SELECT pg_stat_clear_snapshot()");
-      const [row] = await admin.unsafe(
-        `SELECT coalesce(seq_tup_read, 0)::bigint AS n FROM pg_stat_user_tables WHERE relname = $1`,
-        [table],
-      );
-      read = Number(row?.n ?? 0);
-      if (read > 0) break;
-      await new Promise((resolve) => setTimeout(resolve, 100));
-    }
+    const read = await scanReads(admin, table);
     // With the plan made on the empty inbox, each of the 20 batches reads the whole table
     // (2,000,000 rows in all); planned again after its first batch, the job probes indexes.
     assert.ok(
@@ -299,17 +289,7 @@ Deno.test("postgres: an outbox retention job whose prune was planned on an empty
     assert.deepEqual(progress.slice(0, 3), [1_000, 2_000, 3_000], "batches of exactly batchSize");
     await jobSql.end();
     jobOpen = false;
-    let read = 0;
-    for (let wait = 0; wait < 20; wait++) {
-      await admin.unsafe("SELECT pg_stat_clear_snapshot()");
-      const [row] = await admin.unsafe(
-        `SELECT (coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))::bigint AS n FROM pg_stat_user_tables WHERE relname = $1`,
-        [o],
-      );
-      read = Number(row?.n ?? 0);
-      if (read > 0) break;
-      await new Promise((resolve) => setTimeout(resolve, 100));
-    }
+    const read = await scanReads(admin, o, { indexFetches: true });
     // Planned on the empty outbox, `id IN (SELECT ... LIMIT)` re-ran its subquery for every
     // candidate row: 20.7 million rows fetched, most for the first batch. As an index range per
     // batch: about 200,000 (each batch's range scan also passes the rows earlier batches
