@@ -21,6 +21,7 @@ import {
   type RetryPolicy,
 } from "../core/retry.ts";
 import { addMs, defaultLeaseMs } from "../core/time.ts";
+import { storableOutcome } from "../core/storable_text.ts";
 import type {
   JsonValue,
   OutboxClaim,
@@ -614,6 +615,21 @@ async function deliver(
       return { state: "dispatched", info };
     }
     const outcome = value as JsonValue | undefined;
+    if (outcome !== undefined) {
+      // An outcome no store can keep would fail the whole batch's mark, every time: the
+      // message goes dead instead (the job did run; an operator's retry runs it again).
+      try {
+        storableOutcome(outcome);
+      } catch (error) {
+        return dead(
+          new OutboxPublishError(
+            "permanent",
+            `the job's outcome cannot be stored: ${errorMessage(error)}`,
+            { code: "outcome", cause: error },
+          ),
+        );
+      }
+    }
     return {
       state: "dispatched",
       info: outcome === undefined ? { duplicate: false } : { duplicate: false, outcome },

@@ -613,6 +613,65 @@ export const conformanceCases: readonly ConformanceCase[] = [
     },
   },
   {
+    name: "error texts with NUL or a lone surrogate are kept with U+FFFD; neighbours settle",
+    async run({ outbox }) {
+      const [a, b, c] = await enqueueAll(outbox, 3);
+      const claims = await outbox.claimDue(3, new Date());
+      const byId = new Map(claims.map((claim) => [claim.id, claim]));
+      const later = at(new Date(), 60_000);
+      const results = await outbox.markMany!([
+        { claim: byId.get(a.id)!, state: "failed", error: "bad\u0000byte", nextAttemptAt: later },
+        { claim: byId.get(b.id)!, state: "dead", error: "half \ud800 pair" },
+        { claim: byId.get(c.id)!, state: "dispatched" },
+      ], new Date());
+      assert.deepEqual(results, [true, true, true]);
+      assert.equal((await outbox.get(a.id))?.lastError, "bad\uFFFDbyte");
+      assert.equal((await outbox.get(b.id))?.lastError, "half \uFFFD pair");
+      assert.equal((await outbox.get(c.id))?.state, "dispatched");
+      // markFailed / markDead alone, the same way.
+      const [d] = await enqueueAll(outbox, 1);
+      const [claim] = await outbox.claimDue(1, new Date());
+      assert.equal(claim.id, d.id);
+      assert.equal(await outbox.markDead(claim, { error: "x\u0000y", now: new Date() }), true);
+      assert.equal((await outbox.get(d.id))?.lastError, "x\uFFFDy");
+    },
+  },
+  {
+    name: "an outcome no store can keep is refused with OutboxValidationError, nothing applied",
+    async run({ outbox }) {
+      const [a, b] = await enqueueAll(outbox, 2);
+      const claims = await outbox.claimDue(2, new Date());
+      const byId = new Map(claims.map((claim) => [claim.id, claim]));
+      const outcomes: unknown[] = [{ note: "a\u0000b" }, { ["k\u0000"]: 1 }, ["\udc00"], {
+        big: 1n,
+      }];
+      for (const value of outcomes) {
+        const outcome = value as string; // not JSON a store can keep, whatever the type says
+        await assert.rejects(
+          outbox.markMany!([
+            { claim: byId.get(b.id)!, state: "dispatched" },
+            { claim: byId.get(a.id)!, state: "dispatched", outcome },
+          ], new Date()),
+          { name: "OutboxValidationError", field: "outcome" },
+        );
+        await assert.rejects(
+          outbox.markDispatched(byId.get(a.id)!, new Date(), outcome),
+          { name: "OutboxValidationError", field: "outcome" },
+        );
+      }
+      assert.equal((await outbox.get(a.id))?.state, "claimed");
+      assert.equal((await outbox.get(b.id))?.state, "claimed");
+      // A mark of an id no message can have is simply not applied.
+      assert.deepEqual(
+        await outbox.markMany!([
+          { claim: { id: "no\u0000such", attempts: 1, claimToken: "t" }, state: "dispatched" },
+          { claim: byId.get(b.id)!, state: "dispatched" },
+        ], new Date()),
+        [false, true],
+      );
+    },
+  },
+  {
     name: "concurrent claimers receive every message exactly once",
     async run(fixture) {
       const { outbox } = fixture;

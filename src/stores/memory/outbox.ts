@@ -8,6 +8,7 @@
 import { assertOutboxIdentity } from "../../core/identity.ts";
 import { fenceVerdict, newClaimToken } from "../../core/fence.ts";
 import { addMs } from "../../core/time.ts";
+import { storableErrorText, storableOutcome } from "../../core/storable_text.ts";
 import type {
   JsonValue,
   OutboxAdmin,
@@ -194,6 +195,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
   ): Promise<boolean> {
     try {
       const sequence = checkedSequence(options?.sequence);
+      if (outcome !== undefined) storableOutcome(outcome);
       return Promise.resolve(this.#mark({ claim, state: "dispatched", outcome, sequence }, now));
     } catch (error) {
       return Promise.reject(error);
@@ -226,7 +228,10 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       checkedDate(now, "now");
       for (const mark of marks) {
         if (mark?.state === "failed") checkedDate(mark.nextAttemptAt, "nextAttemptAt");
-        if (mark?.state === "dispatched") checkedSequence(mark.sequence);
+        if (mark?.state === "dispatched") {
+          checkedSequence(mark.sequence);
+          if (mark.outcome !== undefined) storableOutcome(mark.outcome);
+        }
       }
       return Promise.resolve(marks.map((mark) => this.#mark(mark, now)));
     } catch (error) {
@@ -481,7 +486,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       case "dispatched":
         delete message.nextAttemptAt;
         delete message.lastError;
-        if (mark.outcome !== undefined) message.outcome = cloneJson(mark.outcome);
+        if (mark.outcome !== undefined) message.outcome = JSON.parse(storableOutcome(mark.outcome));
         if (mark.sequence !== undefined && message.orderingKey !== undefined) {
           this.#keySequences.set(message.orderingKey, mark.sequence);
         }
@@ -490,11 +495,11 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
         break;
       case "failed":
         message.nextAttemptAt = nextAttemptAt;
-        message.lastError = mark.error;
+        message.lastError = storableErrorText(String(mark.error));
         break;
       case "dead":
         delete message.nextAttemptAt;
-        message.lastError = mark.error;
+        message.lastError = storableErrorText(String(mark.error));
         // The key fence starts over: the key's next publish goes out without an expectation.
         if (message.orderingKey !== undefined) this.#keySequences.delete(message.orderingKey);
         this.#move(entry!, this.#dead);

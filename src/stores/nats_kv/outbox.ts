@@ -41,6 +41,7 @@ import {
 } from "../../core/limits.ts";
 import { type FenceVerdict, fenceVerdict, newClaimToken } from "../../core/fence.ts";
 import { addMs } from "../../core/time.ts";
+import { storableErrorText, storableOutcome } from "../../core/storable_text.ts";
 import type {
   JsonValue,
   OutboxAdmin,
@@ -469,8 +470,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * marks then reports the ones that had applied as `true`.
    */
   async markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
-    // Every sequence is checked before any mark applies.
-    for (const mark of marks) if (mark?.state === "dispatched") checkedSequence(mark.sequence);
+    // Every sequence and outcome is checked before any mark applies.
+    for (const mark of marks) {
+      if (mark?.state !== "dispatched") continue;
+      checkedSequence(mark.sequence);
+      if (mark.outcome !== undefined) storableOutcome(mark.outcome);
+    }
     const chains = new Map<string, number[]>();
     marks.forEach((mark, index) => {
       const key = typeof mark?.claim?.id === "string" ? mark.claim.id : `\u0000${index}`;
@@ -1534,7 +1539,7 @@ const maxLastErrorBytes = 1_024;
 
 /** `error` cut to at most {@linkcode maxLastErrorBytes} once JSON-encoded. */
 function boundedError(error: string): string {
-  const text = String(error);
+  const text = storableErrorText(String(error));
   if (jsonBytes(text) <= maxLastErrorBytes) return text;
   let low = 0;
   let high = text.length;
@@ -1598,7 +1603,7 @@ function applyMark(
     case "dispatched":
       delete next.nextAttemptAt;
       delete next.lastError;
-      if (mark.outcome !== undefined) next.outcome = structuredClone(mark.outcome);
+      if (mark.outcome !== undefined) next.outcome = JSON.parse(storableOutcome(mark.outcome));
       if (mark.sequence !== undefined && record.orderingKey !== undefined) {
         next.sequence = mark.sequence;
       }

@@ -20,6 +20,7 @@ import {
   checkedUnblockAction,
 } from "../../core/limits.ts";
 import { newClaimToken } from "../../core/fence.ts";
+import { storableErrorText, storableOutcome } from "../../core/storable_text.ts";
 import { addMs, toIsoTimestamp } from "../../core/time.ts";
 import type {
   JsonValue,
@@ -663,12 +664,16 @@ interface EncodedMark {
 
 /**
  * A mark `markDispatchedFast` can settle: dispatched, with a claim token, and nothing else to
- * write or record (no outcome, no key sequence). An id no stored message can have (NUL, a lone
- * surrogate: refused at enqueue), which Postgres's jsonb would refuse, takes the full path.
+ * write or record (no outcome, no key sequence).
  */
 function isPlainDispatch(mark: EncodedMark): boolean {
   return mark.state === "dispatched" && mark.token !== null && mark.outcome === null &&
-    mark.sequence === null && !mark.id.includes("\u0000") && mark.id.isWellFormed();
+    mark.sequence === null;
+}
+
+/** Text Postgres's json and text types can hold (no NUL, no lone surrogate). */
+function storable(text: string): boolean {
+  return !text.includes("\u0000") && text.isWellFormed();
 }
 
 /** The key fence: a claimed keyed message carries its key's last stream sequence, if known. */
@@ -683,9 +688,11 @@ function withKeySequence(message: OutboxMessage, row: SqlRow): OutboxMessage {
 /** A mark as JSON for the batch statement; `undefined` when it can never match a row. */
 function encodeMark(mark: OutboxMark): EncodedMark | undefined {
   const claim = mark?.claim;
-  if (typeof claim?.id !== "string") return undefined;
+  // An id or token no stored message can have (NUL, a lone surrogate: refused at enqueue and
+  // never written by a claim) cannot match any row; Postgres's json would refuse the batch.
+  if (typeof claim?.id !== "string" || !storable(claim.id)) return undefined;
   const token = claim.claimToken;
-  if (token !== undefined && typeof token !== "string") return undefined;
+  if (token !== undefined && (typeof token !== "string" || !storable(token))) return undefined;
   if (!Number.isSafeInteger(claim.attempts)) return undefined;
   let lease: string | null = null;
   if (token === undefined && claim.nextAttemptAt !== undefined) {
@@ -707,19 +714,25 @@ function encodeMark(mark: OutboxMark): EncodedMark | undefined {
         state: "dispatched",
         error: null,
         next: null,
-        outcome: mark.outcome === undefined ? null : JSON.stringify(mark.outcome),
+        outcome: mark.outcome === undefined ? null : storableOutcome(mark.outcome),
         sequence: checkedSequence(mark.sequence) ?? null,
       };
     case "failed":
       return {
         ...base,
         state: "failed",
-        error: String(mark.error),
+        error: storableErrorText(String(mark.error)),
         next: checkedDate(mark.nextAttemptAt, "nextAttemptAt"),
         outcome: null,
       };
     case "dead":
-      return { ...base, state: "dead", error: String(mark.error), next: null, outcome: null };
+      return {
+        ...base,
+        state: "dead",
+        error: storableErrorText(String(mark.error)),
+        next: null,
+        outcome: null,
+      };
     default:
       throw new OutboxValidationError(
         "state",
