@@ -222,11 +222,11 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   // A batch is up to $2 prunable rows, oldest first by the retention index's own order
   // (updated_at), that no other transaction holds: it locks them FOR UPDATE SKIP LOCKED, which
   // re-checks every prune condition (state, cutoff, not a held keyed head) on the row's latest
-  // version, and deletes exactly those rows (by id). A prune never waits for a
-  // row lock, so it can never close a lock cycle: deleting a range instead, it waited for rows
-  // that keyed enqueues hold FOR KEY SHARE (a head the enqueue locked, handed over since) while
-  // holding the rows it had deleted, which an enqueue whose snapshot still saw one of them as its
-  // key's head waited for in turn: "deadlock detected", and the producer's transaction was lost
+  // version, and deletes exactly those rows (by id). A prune never waits for a row lock, so it
+  // can never close a lock cycle: deleting a range instead, it waited for rows that keyed
+  // enqueues hold FOR KEY SHARE (a head the enqueue locked, handed over since) while holding the
+  // rows it had deleted, which an enqueue whose snapshot still saw one of them as its key's head
+  // waited for in turn: "deadlock detected", and the producer's transaction was lost
   // (tests/sql_prune_deadlock_test.ts). A skipped row is left to a later batch or run: it is
   // being deleted by another pruner, or held by a transaction in flight. FOR UPDATE, not a
   // weaker lock: it conflicts with every lock a concurrent statement could still take on the row,
