@@ -305,6 +305,39 @@ Deno.test("postgres: an outbox retention job whose prune was planned on an empty
   }
 });
 
+/**
+ * Runs `statement` (parameters: a cutoff an hour ago, a batch of 1,000) as a prepared statement
+ * whose generic plan was made while `table` was empty, after `fill` filled it: the rows each
+ * node on `table` read (returned and removed by its filters), at most, and its scan node types.
+ */
+async function genericPruneReads(
+  sql: postgres.Sql,
+  statement: string,
+  table: string,
+  fill: string,
+): Promise<{ most: number; scans: string[] }> {
+  const cutoff = new Date(Date.now() - 3_600_000).toISOString();
+  // Planned while the table is empty; after five runs Postgres keeps the generic plan.
+  await sql.unsafe(`PREPARE p(text, int) AS ${statement}`);
+  for (let i = 0; i < 8; i++) await sql.unsafe(`EXECUTE p('${cutoff}', 1000)`);
+  await sql.unsafe(fill);
+  const [row] = await sql.unsafe(`EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE p('${cutoff}', 1000)`);
+  let most = 0;
+  const scans: string[] = [];
+  const visit = (node: Record<string, unknown>): void => {
+    if (node["Relation Name"] === table && node["Node Type"] !== "ModifyTable") {
+      const read = Number(node["Actual Rows"]) + Number(node["Rows Removed by Filter"] ?? 0) +
+        Number(node["Rows Removed by Index Recheck"] ?? 0);
+      most = Math.max(most, read * Number(node["Actual Loops"]));
+      scans.push(String(node["Node Type"]));
+    }
+    for (const child of (node.Plans as Record<string, unknown>[] | undefined) ?? []) visit(child);
+  };
+  const explained = row["QUERY PLAN"];
+  visit((typeof explained === "string" ? JSON.parse(explained) : explained)[0].Plan);
+  return { most, scans };
+}
+
 Deno.test("postgres: an outbox prune statement planned on an empty outbox reads one batch of its index, not every prunable row", async () => {
   const url = await postgresUrl();
   const sql = postgres(url, { max: 1, onnotice: () => {} });
@@ -315,32 +348,49 @@ Deno.test("postgres: an outbox prune statement planned on an empty outbox reads 
     await sql.unsafe(`ALTER TABLE ${o} SET (autovacuum_enabled = false)`);
     const statement = outboxStatements("postgres", resolveSqlOutboxTables(tables), false).prune
       .dispatched;
-    const cutoff = new Date(Date.now() - 3_600_000).toISOString();
-    // Planned while the outbox is empty; after five runs Postgres keeps the generic plan.
-    await sql.unsafe(`PREPARE p(text, int) AS ${statement}`);
-    for (let i = 0; i < 8; i++) await sql.unsafe(`EXECUTE p('${cutoff}', 1000)`);
-    await sql.unsafe(
+    const { most, scans } = await genericPruneReads(
+      sql,
+      statement,
+      o,
       `INSERT INTO ${o} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at)
        SELECT 'h-' || g, 'event.publish', 'old', 'orders.old', 'x', '{}'::jsonb, 'dispatched', 1,
               now() - interval '2 days', now() - interval '2 days' + (g / 7) * interval '1 ms'
        FROM generate_series(1, 50000) AS g`,
     );
-    const [row] = await sql.unsafe(
-      `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE p('${cutoff}', 1000)`,
-    );
-    let most = 0;
-    const visit = (node: Record<string, unknown>): void => {
-      if (node["Relation Name"] === o && node["Node Type"] !== "ModifyTable") {
-        most = Math.max(most, Number(node["Actual Rows"]) * Number(node["Actual Loops"]));
-      }
-      for (const child of (node.Plans as Record<string, unknown>[] | undefined) ?? []) visit(child);
-    };
-    const explained = row["QUERY PLAN"];
-    visit((typeof explained === "string" ? JSON.parse(explained) : explained)[0].Plan);
     // Ordered by (updated_at, seq), a plan made on the empty outbox sorted every prunable row
     // (50,000) for each batch; ordered by the index's updated_at, it reads the batch (and its
-    // ties).
+    // ties). Deleting the batch's rows by id alone, it read the whole table.
+    assert.ok(!scans.includes("Seq Scan"), scans.join(", "));
     assert.ok(most <= 2_000, `one batch of 1,000 read ${most} rows of the outbox`);
+  } finally {
+    await sql.unsafe("DEALLOCATE ALL").catch(() => {});
+    await dropPostgresTables(postgresJsExecutor(sql), tables);
+    await sql.end();
+  }
+});
+
+Deno.test("postgres: an inbox prune statement planned on an empty inbox reads one batch of its index, not every old id", async () => {
+  const url = await postgresUrl();
+  const sql = postgres(url, { max: 1, onnotice: () => {} });
+  const tables = uniqueTables();
+  const inbox = tables.inbox;
+  try {
+    await migrate(postgresJsExecutor(sql), { dialect: "postgres", tables });
+    await sql.unsafe(`ALTER TABLE ${inbox} SET (autovacuum_enabled = false)`);
+    const statement =
+      outboxStatements("postgres", resolveSqlOutboxTables(tables), false).inboxPrune;
+    const { most, scans } = await genericPruneReads(
+      sql,
+      statement,
+      inbox,
+      `INSERT INTO ${inbox} (consumer, message_id, received_at)
+       SELECT 'c', 'm-' || g, now() - interval '2 days' + (g / 7) * interval '1 ms'
+       FROM generate_series(1, 50000) AS g`,
+    );
+    // Deleting the batch's rows by address alone, the plan made on the empty inbox read all of
+    // it.
+    assert.ok(!scans.includes("Seq Scan"), scans.join(", "));
+    assert.ok(most <= 2_000, `one batch of 1,000 read ${most} rows of the inbox`);
   } finally {
     await sql.unsafe("DEALLOCATE ALL").catch(() => {});
     await dropPostgresTables(postgresJsExecutor(sql), tables);

@@ -1,10 +1,12 @@
 /**
- * Postgres prune batches: any batchSize the options accept, and batches against a concurrent
- * writer: a batch whose rows another transaction deletes
- * (a second pruner) or changes (a requeue) while the batch waits for their locks deletes fewer
- * than `batchSize` rows. The batch was still full, so the loop must go on: stopping there left
- * every later eligible row behind (three concurrent pruners with batch sizes 1000, 10 and 37
- * left 19,000 of 20,000 prunable rows in two rounds of five).
+ * Postgres prune batches: any batchSize the options accept, and batches against concurrent
+ * writers. A batch takes only rows no other transaction holds (FOR UPDATE SKIP LOCKED) and never
+ * waits for one: rows another pruner is deleting, or a requeue is changing, are skipped, and the
+ * loop goes on to every row after them (stopping on a batch that deleted fewer rows than
+ * `batchSize` once left 19,000 of 20,000 prunable rows behind: three concurrent pruners with batch
+ * sizes 1000, 10 and 37, two rounds of five). Concurrent pruners together delete exactly the
+ * prunable rows, never a held head. (A prune that waited for row locks closed lock cycles with
+ * keyed producers: tests/sql_prune_deadlock_test.ts.)
  *
  * @module
  */
@@ -14,23 +16,9 @@ import postgres from "postgres";
 import { migrate, postgresJsExecutor, SqlInboxRepository, SqlOutboxRepository } from "../mod.ts";
 import { postgresUrl } from "./kit/mod.ts";
 import { dropPostgresTables, uniqueTables } from "./sql/harness.ts";
+import { backendPid, settledOrWaiting } from "./sql/lock_waits.ts";
 
-type Sql = ReturnType<typeof postgres>;
-
-/** Waits until a backend runs a statement on `table` while waiting for a lock. */
-async function waitForLockWait(admin: Sql, table: string): Promise<void> {
-  for (let wait = 0; wait < 200; wait++) {
-    const rows = await admin.unsafe(
-      `SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`,
-      [table],
-    );
-    if (rows.length > 0) return;
-    await new Promise((resolve) => setTimeout(resolve, 25));
-  }
-  throw new Error("the prune never waited for the other transaction's locks");
-}
-
-Deno.test("postgres: an outbox prune whose batch lost rows to a concurrent pruner goes on to the rows after it", async () => {
+Deno.test("postgres: an outbox prune skips the rows a concurrent pruner holds, without waiting, and goes on to the rows after them", async () => {
   const url = await postgresUrl();
   const admin = postgres(url, { max: 1, onnotice: () => {} });
   const other = postgres(url, { max: 1, onnotice: () => {} });
@@ -46,14 +34,19 @@ Deno.test("postgres: an outbox prune whose batch lost rows to a concurrent prune
        FROM generate_series(1, 30) AS g`,
     );
     const job = new SqlOutboxRepository(postgresJsExecutor(jobSql), "postgres", tables);
-    let pruning: Promise<unknown> | undefined;
+    const jobPid = await backendPid(jobSql);
+    let pruning: Promise<{ dispatched: number }> | undefined;
     await other.begin(async (tx) => {
       // Another pruner's batch: the 5 oldest rows, deleted but not yet committed.
       await tx.unsafe(`DELETE FROM ${o} WHERE id IN ('d-1', 'd-2', 'd-3', 'd-4', 'd-5')`);
       pruning = job.prune({ dispatchedBefore: new Date(Date.now() - 3_600_000), batchSize: 10 });
-      await waitForLockWait(admin, o);
+      assert.equal(
+        await settledOrWaiting(admin, jobPid, pruning),
+        false,
+        "the prune waited for the other pruner's rows",
+      );
     });
-    const pruned = await pruning as { dispatched: number };
+    const pruned = await pruning!;
     const [left] = await admin.unsafe(`SELECT count(*)::int AS n FROM ${o}`);
     assert.equal(left.n, 0, `prune returned after ${pruned.dispatched} rows and left ${left.n}`);
     assert.equal(pruned.dispatched, 25);
@@ -65,7 +58,7 @@ Deno.test("postgres: an outbox prune whose batch lost rows to a concurrent prune
   }
 });
 
-Deno.test("postgres: an outbox prune whose batch lost a dead row to a concurrent requeue goes on to the rows after it", async () => {
+Deno.test("postgres: an outbox prune skips a dead row a concurrent requeue holds, without waiting, and goes on to the rows after it", async () => {
   const url = await postgresUrl();
   const admin = postgres(url, { max: 1, onnotice: () => {} });
   const other = postgres(url, { max: 1, onnotice: () => {} });
@@ -82,14 +75,19 @@ Deno.test("postgres: an outbox prune whose batch lost a dead row to a concurrent
     );
     const job = new SqlOutboxRepository(postgresJsExecutor(jobSql), "postgres", tables);
     const operator = new SqlOutboxRepository(postgresJsExecutor(other), "postgres", tables);
-    let pruning: Promise<unknown> | undefined;
+    const jobPid = await backendPid(jobSql);
+    let pruning: Promise<{ dead: number }> | undefined;
     await other.begin(async (tx) => {
       const inTx = new SqlOutboxRepository(postgresJsExecutor(tx), "postgres", tables);
       assert.equal(await inTx.requeue(["x-1"]), 1);
       pruning = job.prune({ deadBefore: new Date(Date.now() - 3_600_000), batchSize: 10 });
-      await waitForLockWait(admin, o);
+      assert.equal(
+        await settledOrWaiting(admin, jobPid, pruning),
+        false,
+        "the prune waited for the requeue's row",
+      );
     });
-    const pruned = await pruning as { dead: number };
+    const pruned = await pruning!;
     assert.equal(pruned.dead, 29, "every dead row but the requeued one");
     assert.equal((await operator.stats()).dead, 0);
     assert.equal((await operator.stats()).pending, 1);
@@ -101,7 +99,7 @@ Deno.test("postgres: an outbox prune whose batch lost a dead row to a concurrent
   }
 });
 
-Deno.test("postgres: an inbox prune whose batch lost rows to a concurrent pruner goes on to the rows after it", async () => {
+Deno.test("postgres: an inbox prune skips the rows a concurrent pruner holds, without waiting, and goes on to the rows after them", async () => {
   const url = await postgresUrl();
   const admin = postgres(url, { max: 1, onnotice: () => {} });
   const other = postgres(url, { max: 1, onnotice: () => {} });
@@ -116,13 +114,18 @@ Deno.test("postgres: an inbox prune whose batch lost rows to a concurrent pruner
        FROM generate_series(1, 30) AS g`,
     );
     const job = new SqlInboxRepository(postgresJsExecutor(jobSql), "postgres", tables);
+    const jobPid = await backendPid(jobSql);
     let pruning: Promise<number> | undefined;
     await other.begin(async (tx) => {
       await tx.unsafe(
         `DELETE FROM ${inbox} WHERE message_id IN ('m-001', 'm-002', 'm-003', 'm-004', 'm-005')`,
       );
       pruning = job.prune({ receivedBefore: new Date(Date.now() - 3_600_000), batchSize: 10 });
-      await waitForLockWait(admin, inbox);
+      assert.equal(
+        await settledOrWaiting(admin, jobPid, pruning),
+        false,
+        "the prune waited for the other pruner's rows",
+      );
     });
     const removed = await pruning!;
     const [left] = await admin.unsafe(`SELECT count(*)::int AS n FROM ${inbox}`);
@@ -165,5 +168,69 @@ Deno.test("postgres: prune takes any batchSize checkedBatchSize accepts (a safe 
   } finally {
     await dropPostgresTables(postgresJsExecutor(sql), tables);
     await sql.end();
+  }
+});
+
+Deno.test("postgres: concurrent pruners delete exactly the prunable rows, never a held head", async () => {
+  const url = await postgresUrl();
+  const admin = postgres(url, { max: 1, onnotice: () => {} });
+  const pruners = [1_000, 10, 37].map((batchSize) => ({
+    sql: postgres(url, { max: 1, onnotice: () => {} }),
+    batchSize,
+  }));
+  const tables = uniqueTables();
+  const o = tables.outbox;
+  try {
+    await migrate(postgresJsExecutor(admin), { dialect: "postgres", tables });
+    for (let round = 0; round < 2; round++) {
+      // 20,000 prunable rows (unkeyed, and keyed rows that are no longer their key's head;
+      // updated_at shared by runs of 7 rows, as a mark batch's), old held heads of 500 keys
+      // (dispatched heads still to hand over, dead heads blocking their key) and pending rows.
+      await admin.unsafe(
+        `INSERT INTO ${o} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at, ordering_key, key_head)
+         SELECT '${round}-p-' || g, 'event.publish', 'old', 'orders.old', '{}', '{}'::jsonb,
+                CASE WHEN g % 3 = 0 THEN 'dead' ELSE 'dispatched' END, 1, now() - interval '2 days',
+                now() - interval '2 days' + (g / 7) * interval '1 ms',
+                CASE WHEN g % 2 = 0 THEN 'k-' || (g % 500) END, g % 2 = 1
+         FROM generate_series(1, 20000) AS g`,
+      );
+      await admin.unsafe(
+        `INSERT INTO ${o} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at, ordering_key, key_head)
+         SELECT '${round}-h-' || g, 'event.publish', 'old', 'orders.old', '{}', '{}'::jsonb,
+                CASE WHEN g % 2 = 0 THEN 'dead' ELSE 'dispatched' END, 1, now() - interval '2 days',
+                now() - interval '2 days' + g * interval '3 ms', 'k-${round}-' || g, true
+         FROM generate_series(1, 500) AS g`,
+      );
+      await admin.unsafe(
+        `INSERT INTO ${o} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at)
+         SELECT '${round}-w-' || g, 'event.publish', 'new', 'orders.new', '{}', '{}'::jsonb, 'pending', 0, now(), now()
+         FROM generate_series(1, 300) AS g`,
+      );
+      const before = new Date(Date.now() - 3_600_000);
+      const results = await Promise.all(
+        pruners.map(({ sql, batchSize }) =>
+          new SqlOutboxRepository(postgresJsExecutor(sql), "postgres", tables).prune({
+            dispatchedBefore: before,
+            deadBefore: before,
+            batchSize,
+          })
+        ),
+      );
+      const dispatched = results.reduce((sum, result) => sum + result.dispatched, 0);
+      const dead = results.reduce((sum, result) => sum + result.dead, 0);
+      assert.deepEqual({ dispatched, dead }, { dispatched: 13_334, dead: 6_666 }, `round ${round}`);
+      const left = await admin.unsafe(
+        `SELECT split_part(id, '-', 2) AS kind, count(*)::int AS n FROM ${o} GROUP BY 1 ORDER BY 1`,
+      );
+      assert.deepEqual(
+        left.map((row) => `${row.kind}:${row.n}`),
+        [`h:${500 * (round + 1)}`, `w:${300 * (round + 1)}`],
+        `round ${round}: every prunable row deleted, every held head and pending row kept`,
+      );
+    }
+  } finally {
+    await Promise.all(pruners.map(({ sql }) => sql.end()));
+    await dropPostgresTables(postgresJsExecutor(admin), tables);
+    await admin.end();
   }
 });

@@ -106,8 +106,9 @@ export interface OutboxStatements {
   stats: string;
   /**
    * $1 cutoff, $2 batch size; resolves with one row per deletion (SQLite) or, on Postgres, the
-   * deleted count (`n`) and the rows the batch found prunable (`batch`): fewer deleted than found
-   * means a concurrent transaction took or changed some of them, not that none are left.
+   * deleted count (`n`) and the prunable rows the batch locked (`batch`), skipping those another
+   * transaction holds (left to a later batch or run): the batch is full when `batch` is $2,
+   * whatever `n` is.
    */
   prune: Readonly<Record<"dispatched" | "dead", string>>;
   /** $1 cutoff */
@@ -218,16 +219,29 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   // of claimed rows, scan every active row for a hash join; the batch must instead probe the
   // primary key once per mark (checked with EXPLAIN in tests/sql_claim_plan_test.ts).
   const keep = "(ordering_key IS NULL OR NOT key_head)";
-  // A batch is the oldest $2 prunable rows by (updated_at, seq), deleted as a range of the
-  // retention index up to the last of them: whatever plan Postgres keeps for the statement, it
-  // reads the batch's index range. (As `id IN (SELECT ... LIMIT $2)`, the generic plan made
-  // while the table was empty re-ran the subquery for every candidate row: 4 s for one batch of
-  // 1,000 among 100,000 rows, against 3 ms.) The batch first takes rows in the index's own
-  // order, updated_at, with ties (FETCH FIRST ... WITH TIES), and only those are sorted by seq:
-  // ordered by (updated_at, seq) directly, a plan made on the empty table sorted every prunable
-  // row for each batch (tests/sql_plan_generation_test.ts).
+  // A batch is up to $2 prunable rows, oldest first by the retention index's own order
+  // (updated_at), that no other transaction holds: it locks them FOR UPDATE SKIP LOCKED, which
+  // re-checks every prune condition (state, cutoff, not a held keyed head) on the row's latest
+  // version, and deletes exactly those rows (by id). A prune never waits for a row lock, so it
+  // can never close a lock cycle: deleting a range instead, it waited for rows that keyed
+  // enqueues hold FOR KEY SHARE (a head the enqueue locked, handed over since) while holding the
+  // rows it had deleted, which an enqueue whose snapshot still saw one of them as its key's head
+  // waited for in turn: "deadlock detected", and the producer's transaction was lost
+  // (tests/sql_prune_deadlock_test.ts). A skipped row is left to a later batch or run: it is
+  // being deleted by another pruner, or held by a transaction in flight. FOR UPDATE, not a
+  // weaker lock: it conflicts with every lock a concurrent statement could still take on the row,
+  // so the DELETE never waits either. Plans (tests/sql_plan_generation_test.ts), as a generic
+  // plan made on an empty table must read only the batch: ordered by the index's own order, the
+  // batch is read from the retention index (ordered by (updated_at, seq), it sorted every
+  // prunable row); the DELETE reads the retention index's range from the batch's oldest
+  // updated_at to its newest and keeps the batch's ids (`= ANY(ARRAY(...))`: an InitPlan), so
+  // it can use no other plan than an index range. (By the ids alone that plan was a
+  // sequential scan of the table; as `id IN (SELECT ...)` it re-ran the subquery for every
+  // candidate row.) A row whose locked version differs from the one the statement's snapshot
+  // sees (updated since, still prunable) may fall outside that range: it stays, for the next
+  // batch.
   const prune = (state: "dispatched" | "dead") =>
-    `WITH batch AS (SELECT updated_at, seq FROM (SELECT updated_at, seq FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} ORDER BY updated_at FETCH FIRST ($2::bigint) ROWS WITH TIES) AS ties ORDER BY updated_at, seq LIMIT $2::bigint), bound AS (SELECT updated_at, seq FROM batch ORDER BY updated_at DESC, seq DESC LIMIT 1), gone AS (DELETE FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} AND updated_at <= (SELECT updated_at FROM bound) AND (updated_at < (SELECT updated_at FROM bound) OR seq <= (SELECT seq FROM bound)) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`;
+    `WITH batch AS MATERIALIZED (SELECT id, updated_at FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} ORDER BY updated_at LIMIT $2::bigint FOR UPDATE SKIP LOCKED), gone AS (DELETE FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND updated_at >= (SELECT min(updated_at) FROM batch) AND updated_at <= (SELECT max(updated_at) FROM batch) AND id = ANY(ARRAY(SELECT id FROM batch)) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`;
   const marks =
     "json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, token text, state text, error text, next timestamptz, outcome text)";
   // The key fence (schema_v4.ts): a claimed row's key sequence.
@@ -338,11 +352,15 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     inboxRecord:
       `INSERT INTO ${t.inbox} (consumer, message_id, received_at) VALUES ($1, $2, $3::timestamptz) ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id`,
     inboxHas: `SELECT 1 AS found FROM ${t.inbox} WHERE consumer = $1 AND message_id = $2`,
-    // As the outbox's prune: the oldest $2 ids by (received_at, consumer, message_id), deleted
-    // as a range of the received index (as `IN (SELECT ... LIMIT $2)`, a generic plan made on
-    // an empty inbox hashed the batch against a sequential scan of the whole inbox).
+    // As the outbox's prune: up to $2 of the oldest ids (received_idx order) no other
+    // transaction holds, locked FOR UPDATE SKIP LOCKED (the cutoff re-checked on the locked
+    // row), deleted as the received_idx range they span, keeping only their row addresses
+    // (`ctid`). A prune never waits for a row lock: deleting a whole range, two pruners whose
+    // plans read it in different orders (index and heap order) could wait for each other. The
+    // inbox never updates a row, so the address locked is the one the statement's snapshot
+    // sees; a row another writer updated meanwhile stays, for the next batch.
     inboxPrune:
-      `WITH batch AS (SELECT received_at, consumer, message_id FROM ${t.inbox} WHERE received_at < $1::timestamptz ORDER BY received_at, consumer, message_id LIMIT $2::bigint), bound AS (SELECT received_at, consumer, message_id FROM batch ORDER BY received_at DESC, consumer DESC, message_id DESC LIMIT 1), gone AS (DELETE FROM ${t.inbox} WHERE received_at < $1::timestamptz AND received_at <= (SELECT received_at FROM bound) AND (received_at < (SELECT received_at FROM bound) OR (consumer, message_id) <= (SELECT consumer, message_id FROM bound)) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`,
+      `WITH batch AS MATERIALIZED (SELECT ctid AS at, received_at FROM ${t.inbox} WHERE received_at < $1::timestamptz ORDER BY received_at LIMIT $2::bigint FOR UPDATE SKIP LOCKED), gone AS (DELETE FROM ${t.inbox} WHERE received_at < $1::timestamptz AND received_at >= (SELECT min(received_at) FROM batch) AND received_at <= (SELECT max(received_at) FROM batch) AND ctid = ANY(ARRAY(SELECT at FROM batch)) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`,
   };
 }
 

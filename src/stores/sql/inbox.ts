@@ -103,7 +103,10 @@ export class SqlInboxRepository implements InboxRepository, InboxAdmin {
     return rows.length > 0;
   }
 
-  /** Forgets ids received before `receivedBefore`, `batchSize` per statement; returns the count. */
+  /**
+   * Forgets ids received before `receivedBefore`, `batchSize` per statement; returns the count.
+   * Postgres: a row another transaction holds just then is skipped, never waited for.
+   */
   async prune(options: InboxPruneOptions): Promise<number> {
     const batchSize = checkedBatchSize(options.batchSize);
     const cutoff = checkedDate(options.receivedBefore, "receivedBefore");

@@ -457,7 +457,10 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     return results;
   }
 
-  /** Deletes old dispatched / dead messages, `batchSize` rows per statement. */
+  /**
+   * Deletes old dispatched / dead messages, `batchSize` rows per statement. Postgres: a row
+   * another transaction holds just then is skipped, never waited for (a later run deletes it).
+   */
   async prune(options: OutboxPruneOptions): Promise<OutboxPruneResult> {
     const batchSize = checkedBatchSize(options.batchSize);
     const result: OutboxPruneResult = { dispatched: 0, dead: 0 };

@@ -1,10 +1,12 @@
 /**
  * When a SQL prune loop (outbox and inbox) stops: after a batch that found fewer than
- * `batchSize` prunable rows. On Postgres that is the batch's own count (`batch`, dialects.ts),
- * not the deleted one: a batch whose rows a concurrent pruner deleted, or a requeue changed,
- * while it waited for their locks deletes fewer rows than it found, and more prunable rows may
- * follow. Stopping on the deleted count left them all behind (three concurrent pruners with
- * batch sizes 1000, 10 and 37 left 19,000 of 20,000 prunable rows in two rounds of five).
+ * `batchSize` prunable rows. On Postgres that is the batch's own count (`batch`, dialects.ts):
+ * the rows it locked, skipping those another transaction holds (another pruner's batch, a
+ * requeue, a keyed enqueue that locked its key's head), never waiting for them. A full batch
+ * means more prunable rows may follow, whatever it deleted; a batch that finds fewer leaves only
+ * rows others held just then, which their pruner deletes or a later run does. (Stopping on the
+ * deleted count, when batches still waited for such rows, left 19,000 of 20,000 prunable rows
+ * behind: three concurrent pruners with batch sizes 1000, 10 and 37, two rounds of five.)
  *
  * @module
  */
