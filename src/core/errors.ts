@@ -171,14 +171,26 @@ export class OutboxPublishError extends Error {
  * ```
  */
 export function errorMessage(error: unknown): string {
-  if (error instanceof Error) {
-    const name = error.name && error.name !== "Error" ? `${error.name}: ` : "";
-    return `${name}${error.message}`;
-  }
+  // Never throws: a thrown value may be anything (a Proxy, an Error whose message getter throws,
+  // a symbol name), and a failure's text must always be recordable.
   try {
-    return typeof error === "string" ? error : JSON.stringify(error) ?? String(error);
-  } catch {
+    if (error instanceof Error) {
+      const name = typeof error.name === "string" && error.name !== "Error"
+        ? `${error.name}: `
+        : "";
+      const message = error.message;
+      return `${name}${typeof message === "string" ? message : String(message)}`;
+    }
+    if (typeof error === "string") return error;
+    const json = JSON.stringify(error);
+    if (typeof json === "string") return json;
     return String(error);
+  } catch {
+    try {
+      return String(error);
+    } catch {
+      return "(an error that cannot be turned into text)";
+    }
   }
 }
 

@@ -21,7 +21,7 @@ import {
   type RetryPolicy,
 } from "../core/retry.ts";
 import { addMs, defaultLeaseMs } from "../core/time.ts";
-import { storableOutcome } from "../core/storable_text.ts";
+import { storableErrorText, storableOutcome } from "../core/storable_text.ts";
 import type {
   JsonValue,
   OutboxClaim,
@@ -448,6 +448,12 @@ export async function settleClaimed(
     deadline.clear();
   }
   onDelivered?.();
+  // The hooks see the error text the stores keep (see storableErrorText).
+  for (const settlement of settlements) {
+    if (settlement.state !== "dispatched") {
+      settlement.info.lastError = storableErrorText(settlement.info.lastError);
+    }
+  }
   const marks = messages.map((message, index) => toMark(message, settlements[index]));
   const applied = await applyMarksWithinLease(engine, marks, claimStartedAt + engine.leaseMs);
   for (let index = 0; index < messages.length; index++) {
@@ -522,7 +528,28 @@ function keyHeld(engine: BatchEngine): Settlement {
   };
 }
 
-async function deliver(
+/**
+ * One message's delivery, never rejecting: whatever throws while it is classified (a thrown
+ * value whose text cannot be read, a receipt whose fields throw) settles that message `dead`
+ * instead of failing the whole batch's settlement, every time its lease runs out.
+ */
+function deliver(
+  engine: BatchEngine,
+  message: OutboxMessage,
+  deadline: BatchDeadline,
+): Promise<Settlement> {
+  return attempt(engine, message, deadline).catch((error) =>
+    dead(
+      new OutboxPublishError(
+        "permanent",
+        `the delivery's result could not be read: ${errorMessage(error)}`,
+        { code: "unreadable", cause: error },
+      ),
+    )
+  );
+}
+
+async function attempt(
   engine: BatchEngine,
   message: OutboxMessage,
   deadline: BatchDeadline,
@@ -614,12 +641,13 @@ async function deliver(
       if (receipt) info.receipt = receipt;
       return { state: "dispatched", info };
     }
-    const outcome = value as JsonValue | undefined;
+    let outcome = value as JsonValue | undefined;
     if (outcome !== undefined) {
       // An outcome no store can keep would fail the whole batch's mark, every time: the
-      // message goes dead instead (the job did run; an operator's retry runs it again).
+      // message goes dead instead (the job did run; an operator's retry runs it again). The
+      // mark carries a copy made from the checked text: the handler's value may still change.
       try {
-        storableOutcome(outcome);
+        outcome = JSON.parse(storableOutcome(outcome)) as JsonValue;
       } catch (error) {
         return dead(
           new OutboxPublishError(
@@ -722,11 +750,12 @@ function timeoutError(budgetMs: number): OutboxPublishError {
 }
 
 function failure(engine: BatchEngine, message: OutboxMessage, error: unknown): Settlement {
-  const classified = error instanceof OutboxPublishError ? error : new OutboxPublishError(
-    "retryable",
-    errorMessage(error),
-    { code: "error", cause: error },
-  );
+  // An OutboxPublishError of a kind this version does not know (built by a runtime) is
+  // retryable, as any other error.
+  const classified = error instanceof OutboxPublishError &&
+      (error.kind === "permanent" || error.kind === "unavailable" || error.kind === "retryable")
+    ? error
+    : new OutboxPublishError("retryable", errorMessage(error), { code: "error", cause: error });
   switch (classified.kind) {
     case "permanent":
       return dead(classified);
@@ -787,7 +816,7 @@ function dead(error: OutboxPublishError): Settlement {
 }
 
 function describe(error: OutboxPublishError): string {
-  return `${error.code}: ${error.message}`;
+  return `${String(error.code)}: ${errorMessage(error.message)}`;
 }
 
 function toMark(message: OutboxMessage, settlement: Settlement): OutboxMark {

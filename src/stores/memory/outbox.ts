@@ -8,7 +8,7 @@
 import { assertOutboxIdentity } from "../../core/identity.ts";
 import { fenceVerdict, newClaimToken } from "../../core/fence.ts";
 import { addMs } from "../../core/time.ts";
-import { storableErrorText, storableOutcome } from "../../core/storable_text.ts";
+import { storableMark } from "../../core/storable_text.ts";
 import type {
   JsonValue,
   OutboxAdmin,
@@ -195,8 +195,8 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
   ): Promise<boolean> {
     try {
       const sequence = checkedSequence(options?.sequence);
-      if (outcome !== undefined) storableOutcome(outcome);
-      return Promise.resolve(this.#mark({ claim, state: "dispatched", outcome, sequence }, now));
+      const mark = storableMark({ claim, state: "dispatched", outcome, sequence });
+      return Promise.resolve(this.#mark(mark, now));
     } catch (error) {
       return Promise.reject(error);
     }
@@ -204,19 +204,18 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
 
   /** Records a failed attempt; `false` when the claim was superseded. */
   markFailed(claim: OutboxClaim, failure: OutboxFailure): Promise<boolean> {
-    return Promise.resolve(
-      this.#mark({
-        claim,
-        state: "failed",
-        error: failure.error,
-        nextAttemptAt: failure.nextAttemptAt,
-      }, failure.now),
-    );
+    return this.markMany([{
+      claim,
+      state: "failed",
+      error: failure?.error,
+      nextAttemptAt: failure?.nextAttemptAt,
+    }], failure?.now).then(([applied]) => applied);
   }
 
   /** Moves a claim to `dead`; `false` when the claim was superseded. */
   markDead(claim: OutboxClaim, dead: OutboxDeadLetter): Promise<boolean> {
-    return Promise.resolve(this.#mark({ claim, state: "dead", error: dead.error }, dead.now));
+    return this.markMany([{ claim, state: "dead", error: dead?.error }], dead?.now)
+      .then(([applied]) => applied);
   }
 
   /**
@@ -228,12 +227,10 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       checkedDate(now, "now");
       for (const mark of marks) {
         if (mark?.state === "failed") checkedDate(mark.nextAttemptAt, "nextAttemptAt");
-        if (mark?.state === "dispatched") {
-          checkedSequence(mark.sequence);
-          if (mark.outcome !== undefined) storableOutcome(mark.outcome);
-        }
+        if (mark?.state === "dispatched") checkedSequence(mark.sequence);
       }
-      return Promise.resolve(marks.map((mark) => this.#mark(mark, now)));
+      const ready = marks.map(storableMark);
+      return Promise.resolve(ready.map((mark) => this.#mark(mark, now)));
     } catch (error) {
       return Promise.reject(error);
     }
@@ -472,7 +469,8 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   #mark(mark: OutboxMark, now: Date): boolean {
-    const entry = this.#all.get(mark.claim?.id);
+    if (typeof mark?.claim !== "object" || mark.claim === null) return false;
+    const entry = this.#all.get(mark.claim.id);
     const verdict = fenceVerdict(entry?.message, mark.claim, mark.state);
     if (verdict !== "apply") return verdict === "applied";
     const message = entry!.message;
@@ -486,7 +484,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       case "dispatched":
         delete message.nextAttemptAt;
         delete message.lastError;
-        if (mark.outcome !== undefined) message.outcome = JSON.parse(storableOutcome(mark.outcome));
+        if (mark.outcome !== undefined) message.outcome = cloneJson(mark.outcome);
         if (mark.sequence !== undefined && message.orderingKey !== undefined) {
           this.#keySequences.set(message.orderingKey, mark.sequence);
         }
@@ -495,11 +493,11 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
         break;
       case "failed":
         message.nextAttemptAt = nextAttemptAt;
-        message.lastError = storableErrorText(String(mark.error));
+        message.lastError = mark.error;
         break;
       case "dead":
         delete message.nextAttemptAt;
-        message.lastError = storableErrorText(String(mark.error));
+        message.lastError = mark.error;
         // The key fence starts over: the key's next publish goes out without an expectation.
         if (message.orderingKey !== undefined) this.#keySequences.delete(message.orderingKey);
         this.#move(entry!, this.#dead);

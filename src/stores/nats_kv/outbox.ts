@@ -41,7 +41,7 @@ import {
 } from "../../core/limits.ts";
 import { type FenceVerdict, fenceVerdict, newClaimToken } from "../../core/fence.ts";
 import { addMs } from "../../core/time.ts";
-import { storableErrorText, storableOutcome } from "../../core/storable_text.ts";
+import { storableErrorText, storableMark } from "../../core/storable_text.ts";
 import type {
   JsonValue,
   OutboxAdmin,
@@ -443,21 +443,26 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     outcome?: JsonValue,
     options: OutboxDispatchedOptions = {},
   ): Promise<boolean> {
-    const sequence = checkedSequence(options.sequence);
-    return await this.#settle({ claim, state: "dispatched", outcome, sequence }, now);
+    const sequence = checkedSequence(options?.sequence);
+    return await this.#settle(storableMark({ claim, state: "dispatched", outcome, sequence }), now);
   }
 
   /** Records a failed attempt (fenced); `false` when the claim was superseded. */
   markFailed(claim: OutboxClaim, failure: OutboxFailure): Promise<boolean> {
     return this.#settle(
-      { claim, state: "failed", error: failure.error, nextAttemptAt: failure.nextAttemptAt },
-      failure.now,
+      storableMark({
+        claim,
+        state: "failed",
+        error: failure?.error,
+        nextAttemptAt: failure?.nextAttemptAt,
+      }),
+      failure?.now,
     );
   }
 
   /** Moves a claimed message to `dead` (fenced); `false` when the claim was superseded. */
   markDead(claim: OutboxClaim, dead: OutboxDeadLetter): Promise<boolean> {
-    return this.#settle({ claim, state: "dead", error: dead.error }, dead.now);
+    return this.#settle(storableMark({ claim, state: "dead", error: dead?.error }), dead?.now);
   }
 
   /**
@@ -470,12 +475,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * marks then reports the ones that had applied as `true`.
    */
   async markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
-    // Every sequence and outcome is checked before any mark applies.
-    for (const mark of marks) {
-      if (mark?.state !== "dispatched") continue;
-      checkedSequence(mark.sequence);
-      if (mark.outcome !== undefined) storableOutcome(mark.outcome);
-    }
+    // Every sequence and outcome is checked, and every error text made storable, before any
+    // mark applies.
+    for (const mark of marks) if (mark?.state === "dispatched") checkedSequence(mark.sequence);
+    const ready = marks.map(storableMark);
     const chains = new Map<string, number[]>();
     marks.forEach((mark, index) => {
       const key = typeof mark?.claim?.id === "string" ? mark.claim.id : `\u0000${index}`;
@@ -487,7 +490,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     await Promise.all([...chains.values()].map(async (chain) => {
       for (const index of chain) {
         try {
-          results[index] = { status: "fulfilled", value: await this.#settle(marks[index], now) };
+          results[index] = { status: "fulfilled", value: await this.#settle(ready[index], now) };
         } catch (reason) {
           results[index] = { status: "rejected", reason };
         }
@@ -1124,6 +1127,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 
   async #settle(mark: OutboxMark, now: Date): Promise<boolean> {
     const codec = await recordCodec();
+    if (typeof mark?.claim !== "object" || mark.claim === null) return false;
     const { claim } = mark;
     if (!(now instanceof Date) || !Number.isFinite(now.getTime())) {
       throw new OutboxValidationError("now", "now must be a valid Date");
@@ -1539,7 +1543,7 @@ const maxLastErrorBytes = 1_024;
 
 /** `error` cut to at most {@linkcode maxLastErrorBytes} once JSON-encoded. */
 function boundedError(error: string): string {
-  const text = storableErrorText(String(error));
+  const text = storableErrorText(error);
   if (jsonBytes(text) <= maxLastErrorBytes) return text;
   let low = 0;
   let high = text.length;
@@ -1603,7 +1607,7 @@ function applyMark(
     case "dispatched":
       delete next.nextAttemptAt;
       delete next.lastError;
-      if (mark.outcome !== undefined) next.outcome = JSON.parse(storableOutcome(mark.outcome));
+      if (mark.outcome !== undefined) next.outcome = structuredClone(mark.outcome);
       if (mark.sequence !== undefined && record.orderingKey !== undefined) {
         next.sequence = mark.sequence;
       }

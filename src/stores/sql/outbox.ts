@@ -696,7 +696,10 @@ function encodeMark(mark: OutboxMark): EncodedMark | undefined {
   if (typeof claim?.id !== "string" || !storable(claim.id)) return undefined;
   const token = claim.claimToken;
   if (token !== undefined && (typeof token !== "string" || !storable(token))) return undefined;
-  if (!Number.isSafeInteger(claim.attempts)) return undefined;
+  // attempts is an integer column (32 bits): a count outside it matches no row.
+  if (!Number.isSafeInteger(claim.attempts) || claim.attempts < 0 || claim.attempts > 2 ** 31 - 1) {
+    return undefined;
+  }
   let lease: string | null = null;
   if (token === undefined && claim.nextAttemptAt !== undefined) {
     const normalised = toIsoTimestamp(claim.nextAttemptAt);
@@ -724,7 +727,7 @@ function encodeMark(mark: OutboxMark): EncodedMark | undefined {
       return {
         ...base,
         state: "failed",
-        error: storableErrorText(String(mark.error)),
+        error: storableErrorText(mark.error),
         next: checkedDate(mark.nextAttemptAt, "nextAttemptAt"),
         outcome: null,
       };
@@ -732,7 +735,7 @@ function encodeMark(mark: OutboxMark): EncodedMark | undefined {
       return {
         ...base,
         state: "dead",
-        error: storableErrorText(String(mark.error)),
+        error: storableErrorText(mark.error),
         next: null,
         outcome: null,
       };
