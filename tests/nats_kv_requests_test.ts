@@ -536,7 +536,7 @@ Deno.test("kv requests: every write carries the bucket's own headers and subject
     const decoder = new TextDecoder();
     const sub = nc.subscribe(`$KV.${(kv as Bucket).bucket}.>`, {
       callback: (_error, msg) => {
-        const raw = (msg as unknown as { _headers?: Uint8Array; _rdata?: Uint8Array });
+        const raw = msg as unknown as { _headers?: Uint8Array; _rdata?: Uint8Array };
         const hlen = (msg as unknown as { _msg?: { hdr?: number } })._msg?.hdr ?? 0;
         const block = hlen > 0 ? decoder.decode(raw._rdata?.subarray(0, hlen)) : "";
         seen.push(`${msg.subject.replace(/\.(own|pipe)\./, ".X.")} [${block}] ${msg.string()}`);
@@ -570,7 +570,10 @@ Deno.test("kv requests: every write carries the bucket's own headers and subject
     sub.unsubscribe();
     // Six writes, and the first create's attempt over the DEL tombstone before its retry.
     assert.equal(own.length, 7);
-    assert.match(own[2], /\[NATS\/1\.0\r\nKV-Operation: DEL\r\nNats-Expected-Last-Subject-Sequence: \d+\r\n\r\n\]/);
+    assert.match(
+      own[2],
+      /\[NATS\/1\.0\r\nKV-Operation: DEL\r\nNats-Expected-Last-Subject-Sequence: \d+\r\n\r\n\]/,
+    );
     // The revisions in the compare-and-set headers differ between the twins.
     const revisions = (lines: string[]) =>
       lines.map((line) => line.replace(/Sequence: \d+/, "Sequence: N"));
@@ -586,7 +589,7 @@ Deno.test("kv requests: deleteUnconfirmed writes the tombstone kv.delete writes,
     // Resolves once sent: the tombstone lands a little later (after a flush, here).
     await requests.deleteUnconfirmed("pipe");
     await nc.flush();
-    await eventually(async () => (await kv.get("pipe"))?.operation === "DEL");
+    await eventually(async () => assert.equal((await kv.get("pipe"))?.operation, "DEL"));
     const own = entryShape(await kv.get("own"));
     const pipe = entryShape(await kv.get("pipe"));
     assert.deepEqual(

@@ -5,12 +5,16 @@
  *
  * Only for a `Bucket` of `@nats-io/kv` 3.4 (this package's copy) whose methods are the class's
  * own, on a JetStream client and manager of this package's `@nats-io/jetstream` copy whose
- * methods are not replaced on the instance (nor the connection's `request`): each operation runs the bucket's own steps (key encoding and validation, value codec,
- * subjects, entry decoding) with the same headers, and only the transport differs. Any other
- * KV-shaped object (a wrapper, another copy or version) gets its own methods, unchanged.
+ * methods are not replaced on the instance (nor the connection's `request` and `publish`): each
+ * operation runs the bucket's own steps (key encoding and validation, value codec, subjects, entry
+ * decoding) with the same headers (written already encoded, byte for byte the bucket's), and only
+ * the transport differs. The usual replies (a PubAck, a `STREAM.MSG.GET` message) are read here,
+ * any other by the client's own `parseJsResponse`. Any other KV-shaped object (a wrapper,
+ * another copy or version) gets its own methods, unchanged.
  *
- * Outcomes are those of `@nats-io/kv` 3.4.0: the PubAck is parsed by the bucket's JetStream
- * client (`parseJsResponse`: the same `JetStreamApiError` for a lost compare-and-set),
+ * Outcomes are those of `@nats-io/kv` 3.4.0: a PubAck that is not the usual one is parsed by the
+ * bucket's JetStream client (`parseJsResponse`: the same `JetStreamApiError` for a lost
+ * compare-and-set),
  * `create` retries over a DEL/PURGE tombstone, `get` (a direct get, or `STREAM.MSG.GET` when the
  * bucket does not use direct gets, as `Kvm#open` buckets) returns `null` for a missing key and
  * the tombstone entry for a deleted one, timeouts are the JetStream client's and manager's. A reply whose error
