@@ -528,3 +528,82 @@ Deno.test("kv requests: a publish the server's permissions refuse fails as the b
     await admin.close();
   }
 });
+
+Deno.test("kv requests: every write carries the bucket's own headers and subject, byte for byte", async () => {
+  await withBucket(async (kv, requests, nc) => {
+    // What the stream ingests, as a core subscriber sees it: subject, header block and data.
+    const seen: string[] = [];
+    const decoder = new TextDecoder();
+    const sub = nc.subscribe(`$KV.${(kv as Bucket).bucket}.>`, {
+      callback: (_error, msg) => {
+        const raw = msg as unknown as { _headers?: Uint8Array; _rdata?: Uint8Array };
+        const hlen = (msg as unknown as { _msg?: { hdr?: number } })._msg?.hdr ?? 0;
+        const block = hlen > 0 ? decoder.decode(raw._rdata?.subarray(0, hlen)) : "";
+        seen.push(`${msg.subject.replace(/\.(own|pipe)\./, ".X.")} [${block}] ${msg.string()}`);
+      },
+    });
+    await nc.flush();
+    const run = async (ops: Ops, prefix: string) => {
+      const key = `${prefix}.k`;
+      const first = await ops.put(key, "one");
+      const second = await ops.update(key, "two", first);
+      await ops.delete(key, { previousSeq: second });
+      await ops.create(key, "three");
+      await ops.delete(key);
+      await ops.create(`${prefix}.fresh`, "four");
+    };
+    await run(
+      {
+        get: (k) => kv.get(k),
+        put: (k, v) => kv.put(k, v),
+        update: (k, v, r) => kv.update(k, v, r),
+        create: (k, v) => kv.create(k, v),
+        delete: (k, o) => kv.delete(k, o),
+      },
+      "own",
+    );
+    await nc.flush();
+    const own = seen.splice(0);
+    await run(requests, "pipe");
+    await nc.flush();
+    const pipe = seen.splice(0);
+    sub.unsubscribe();
+    // Six writes, and the first create's attempt over the DEL tombstone before its retry.
+    assert.equal(own.length, 7);
+    assert.match(
+      own[2],
+      /\[NATS\/1\.0\r\nKV-Operation: DEL\r\nNats-Expected-Last-Subject-Sequence: \d+\r\n\r\n\]/,
+    );
+    // The revisions in the compare-and-set headers differ between the twins.
+    const revisions = (lines: string[]) =>
+      lines.map((line) => line.replace(/Sequence: \d+/, "Sequence: N"));
+    assert.deepEqual(revisions(pipe), revisions(own));
+  });
+});
+
+Deno.test("kv requests: deleteUnconfirmed writes the tombstone kv.delete writes, without an acknowledgement", async () => {
+  await withBucket(async (kv, requests, nc) => {
+    await kv.put("own", "1");
+    await kv.put("pipe", "1");
+    await kv.delete("own");
+    // Resolves once sent: the tombstone lands a little later (after a flush, here).
+    await requests.deleteUnconfirmed("pipe");
+    await nc.flush();
+    await eventually(async () => assert.equal((await kv.get("pipe"))?.operation, "DEL"));
+    const own = entryShape(await kv.get("own"));
+    const pipe = entryShape(await kv.get("pipe"));
+    assert.deepEqual(
+      { ...pipe, key: "k", revision: 0, created: "" },
+      { ...own, key: "k", revision: 0, created: "" },
+    );
+    // A bad key fails as kv.delete fails; a wildcard key is the bucket's own delete (all keys).
+    assert.deepEqual(
+      await outcome(() => requests.deleteUnconfirmed(".bad")),
+      await outcome(() => kv.delete(".bad")),
+    );
+    // Any other KV object: its own delete, awaited.
+    const counts = newCounts();
+    await new KvRequests(countingKv(kv, counts)).deleteUnconfirmed("own");
+    assert.deepEqual(counts.calls, { delete: 1 });
+  });
+});

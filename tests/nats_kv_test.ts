@@ -15,6 +15,7 @@ import {
 } from "../mod.ts";
 import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
 import { isWrongLastSequence } from "../src/stores/nats_kv/errors.ts";
+import { KvRequests } from "../src/stores/nats_kv/kv_requests.ts";
 import { connectNats, eventually, uniqueName } from "./kit/mod.ts";
 import { countingKv, newCounts, openKvFixture, operations } from "./nats_kv_fixture.ts";
 
@@ -175,6 +176,29 @@ Deno.test("nats kv: duplicate enqueue paths", async () => {
   // A corrupt stored entry makes a duplicate a storage conflict, not a silent success.
   await fixture.corrupt(r.id);
   await assert.rejects(outbox.enqueue(r), { name: "OutboxStorageConflictError" });
+});
+
+Deno.test("nats kv: a dispatched message's marker is deleted without waiting for the acknowledgement; a peer's index sees it go", async () => {
+  await using fixture = await openKvFixture();
+  assert.equal(new KvRequests(fixture.kv).pipelined, true, "the pipelined path");
+  const outbox = fixture.outbox();
+  const counts = newCounts();
+  const peer = fixture.outbox({ kv: countingKv(fixture.peerKv, counts) });
+  const r = record();
+  await outbox.enqueue(r);
+  await (await peer.watch(() => {}))(); // the peer's index holds the marker
+  const [claim] = await outbox.claimDue(1, new Date());
+  assert.equal(await outbox.markDispatched(claim, new Date()), true);
+  const markerKey = markerKeyOf(await outboxRecordKey(r.id));
+  await eventually(async () => assert.equal((await fixture.kv.get(markerKey))?.operation, "DEL"));
+  // The peer's index saw the delete (a sync, then its claim): it reads no record for it.
+  await peer.stats();
+  counts.calls = {};
+  assert.deepEqual(await peer.claimDue(10, new Date(Date.now() + 86_400_000)), []);
+  assert.equal(counts.calls.get ?? 0, 0, "no read of the dispatched record");
+  assert.equal((await outbox.get(r.id))?.state, "dispatched");
+  // Nor does this process's own index offer it again.
+  assert.deepEqual(await outbox.claimDue(10, new Date(Date.now() + 86_400_000)), []);
 });
 
 Deno.test("nats kv: crash states between record and marker heal themselves", async () => {

@@ -5,12 +5,16 @@
  *
  * Only for a `Bucket` of `@nats-io/kv` 3.4 (this package's copy) whose methods are the class's
  * own, on a JetStream client and manager of this package's `@nats-io/jetstream` copy whose
- * methods are not replaced on the instance (nor the connection's `request`): each operation runs the bucket's own steps (key encoding and validation, value codec,
- * subjects, entry decoding) with the same headers, and only the transport differs. Any other
- * KV-shaped object (a wrapper, another copy or version) gets its own methods, unchanged.
+ * methods are not replaced on the instance (nor the connection's `request` and `publish`): each
+ * operation runs the bucket's own steps (key encoding and validation, value codec, subjects, entry
+ * decoding) with the same headers (written already encoded, byte for byte the bucket's), and only
+ * the transport differs. The usual replies (a PubAck, a `STREAM.MSG.GET` message) are read here,
+ * any other by the client's own `parseJsResponse`. Any other KV-shaped object (a wrapper,
+ * another copy or version) gets its own methods, unchanged.
  *
- * Outcomes are those of `@nats-io/kv` 3.4.0: the PubAck is parsed by the bucket's JetStream
- * client (`parseJsResponse`: the same `JetStreamApiError` for a lost compare-and-set),
+ * Outcomes are those of `@nats-io/kv` 3.4.0: a PubAck that is not the usual one is parsed by the
+ * bucket's JetStream client (`parseJsResponse`: the same `JetStreamApiError` for a lost
+ * compare-and-set),
  * `create` retries over a DEL/PURGE tombstone, `get` (a direct get, or `STREAM.MSG.GET` when the
  * bucket does not use direct gets, as `Kvm#open` buckets) returns `null` for a missing key and
  * the tombstone entry for a deleted one, timeouts are the JetStream client's and manager's. A reply whose error
@@ -73,6 +77,7 @@ const wrongLastSequence = [10071, 10164];
 /** JetStream API code of `STREAM.MSG.GET` for a subject without message. */
 const noMessageFound = 10037;
 const encoder = new TextEncoder();
+const decoder = new TextDecoder();
 /** A write that was not sent, or that no stream took: the bucket's own method runs it. */
 const notSent: unique symbol = Symbol("not sent");
 /** A stream name `validateStreamName` accepts (narrower: anything else goes to the bucket). */
@@ -133,6 +138,28 @@ export class KvRequests {
     return this.#delete(bucket, key, options);
   }
 
+  /**
+   * `kv.delete(key)` of one key without waiting for the server's acknowledgement, for a delete
+   * whose outcome nobody waits for (a best-effort cleanup that a later reader repeats if it was
+   * lost): on a pipelined bucket the same DEL message as `kv.delete` is published without a reply
+   * subject, so neither the server nor this process handles an acknowledgement; it resolves once
+   * the message is queued on the connection (it may still be lost with the connection, or refused
+   * by the stream: nothing says so). On any other KV object, `kv.delete(key)` (awaited).
+   */
+  deleteUnconfirmed(key: string): Promise<void> {
+    const bucket = this.#bucket;
+    if (bucket === undefined || bucket.hasWildcards(key)) return this.#kv.delete(key);
+    try {
+      const encoded = bucket.encodeKey(key);
+      bucket.validateKey(encoded);
+      const js = bucket.js as unknown as JsClient;
+      js.nc.publish(bucket.subjectForKey(encoded, true), empty, { headers: deleteHeaders() });
+      return Promise.resolve();
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
   /** `Bucket#create`: a put expecting no entry, retried over a DEL/PURGE tombstone. */
   async #create(
     bucket: Bucket,
@@ -173,13 +200,16 @@ export class KvRequests {
     const encoded = bucket.encodeKey(key);
     bucket.validateKey(encoded);
     const data = bucket.codec.value.encode(value);
-    // js.publish sends headers even when there are none (an empty block).
-    const h = headers();
-    if (previousSeq !== undefined) {
+    let h: MsgHdrs;
+    if (markerTTL && previousSeq !== undefined) {
+      // As _put does: the TTL header only reaches the message along with a previousSeq one.
+      h = headers();
       h.set(PubHeaders.ExpectedLastSubjectSequenceHdr, `${previousSeq}`);
+      h.set(PubHeaders.MessageTTL, markerTTL);
+    } else {
+      // js.publish sends headers even when there are none (an empty block).
+      h = previousSeq === undefined ? noHeaders : expectLast(previousSeq);
     }
-    // As _put does: the TTL header only reaches the message along with a previousSeq one.
-    if (markerTTL && previousSeq !== undefined) h.set(PubHeaders.MessageTTL, markerTTL);
     return await this.#publish(bucket, bucket.subjectForKey(encoded, true), data, h);
   }
 
@@ -192,11 +222,7 @@ export class KvRequests {
     if (bucket.hasWildcards(key)) return await this.#kv.delete(key, options);
     const encoded = bucket.encodeKey(key);
     bucket.validateKey(encoded);
-    const h = headers();
-    h.set(kvOperationHeader, "DEL");
-    if (options?.previousSeq) {
-      h.set(PubHeaders.ExpectedLastSubjectSequenceHdr, `${options.previousSeq}`);
-    }
+    const h = deleteHeaders(options?.previousSeq);
     const seq = await this.#publish(bucket, bucket.subjectForKey(encoded, true), empty, h);
     if (seq === notSent) await this.#kv.delete(key, options);
   }
@@ -216,9 +242,15 @@ export class KvRequests {
     if (timeout < 1) return notSent; // nc.request refuses it: the bucket's call says how
     const reply = await replyMuxFor(js.nc).request(subject, data, h, timeout);
     if (isNoResponders(reply)) return notSent;
-    const ack = js.parseJsResponse(reply);
-    if (ack.stream === "") throw new JetStreamError("invalid ack response");
-    return ack.seq;
+    const ack = plainResponse<{ stream?: unknown; seq?: unknown }>(reply);
+    // The usual PubAck is read here; anything else (an error, another shape) by the client's
+    // parseJsResponse, which throws what the bucket's call would.
+    if (typeof ack?.stream === "string" && ack.stream !== "" && typeof ack.seq === "number") {
+      return ack.seq;
+    }
+    const parsed = js.parseJsResponse(reply);
+    if (parsed.stream === "") throw new JetStreamError("invalid ack response");
+    return parsed.seq;
   }
 
   /**
@@ -258,7 +290,10 @@ export class KvRequests {
     if (isNoResponders(reply)) return await this.#kv.get(key);
     let response: StoredMessageResponse;
     try {
-      response = api.parseJsResponse(reply);
+      const plain = plainResponse<StoredMessageResponse>(reply);
+      response = typeof plain?.message === "object" && plain.message !== null
+        ? plain
+        : api.parseJsResponse(reply);
     } catch (error) {
       if (error instanceof JetStreamApiError && error.code === noMessageFound) return null;
       throw error;
@@ -275,6 +310,62 @@ function entryOf(
 ): KvEntry | null {
   const entry = bucket.smToEntry(message);
   return (entry as { rawKey?: string }).rawKey === encoded ? entry : null;
+}
+
+/**
+ * A JetStream API reply's JSON when it parses and has no `error` (what `parseJsResponse`
+ * returns for it, without the TextDecoder it builds per reply); else `undefined`, and the
+ * caller's `parseJsResponse` reads it (and throws what it throws).
+ */
+function plainResponse<T>(reply: Msg): T | undefined {
+  let value: unknown;
+  try {
+    value = JSON.parse(decoder.decode(reply.data));
+  } catch {
+    return undefined;
+  }
+  if (value === null || typeof value !== "object" || "error" in value) return undefined;
+  return value as T;
+}
+
+/**
+ * The headers of a KV write, already as the text `MsgHdrsImpl#encode` makes of them (its
+ * `NATS/1.0` block, keys as given, in the order the bucket sets them): a `publish` of
+ * `@nats-io/nats-core` 3.4 reads nothing but `encode()` of a message's headers (the sources hash
+ * below covers it), and building a `MsgHdrsImpl` per write (a Map, key canonicalisation and
+ * lookups) cost more than the rest of the write's headers.
+ */
+class EncodedHeaders {
+  readonly #text: string;
+
+  constructor(text: string) {
+    this.#text = text;
+  }
+
+  encode(): Uint8Array {
+    return this.#text === "" ? empty : encoder.encode(this.#text);
+  }
+}
+
+/** What `headers()` with no header encodes to (an empty block; js.publish sends it). */
+const noHeaders = encoded("");
+
+/** `Nats-Expected-Last-Subject-Sequence: <seq>` (a compare-and-set on the key's revision). */
+function expectLast(seq: number): MsgHdrs {
+  return encoded(`NATS/1.0\r\n${PubHeaders.ExpectedLastSubjectSequenceHdr}: ${seq}\r\n\r\n`);
+}
+
+/** Headers whose encoding is `text`, as `publish` takes them (it reads only `encode()`). */
+function encoded(text: string): MsgHdrs {
+  return new EncodedHeaders(text) as unknown as MsgHdrs;
+}
+
+/** The headers of a KV delete (`KV-Operation: DEL`), with its compare-and-set when given. */
+function deleteHeaders(previousSeq?: number): MsgHdrs {
+  const expect = previousSeq
+    ? `${PubHeaders.ExpectedLastSubjectSequenceHdr}: ${previousSeq}\r\n`
+    : "";
+  return encoded(`NATS/1.0\r\n${kvOperationHeader}: DEL\r\n${expect}\r\n`);
 }
 
 /** `kv` as a `Bucket` when it is one whose methods are all the class's own. */
@@ -302,8 +393,9 @@ function plainBucket(kv: KV): Bucket | undefined {
     !(streams instanceof BaseApiClientImpl) || hasOwn(streams, apiMethods) ||
     !isConnection(streams.nc) || typeof streams.parseJsResponse !== "function"
   ) return undefined;
-  // The same for the connection's request, which the reply mux stands in for.
-  if (hasOwn(js.nc, ["request"])) return undefined;
+  // The same for the connection's request, which the reply mux stands in for, and its publish,
+  // which gets the writes' headers already encoded (see EncodedHeaders).
+  if (hasOwn(js.nc, ["request", "publish"])) return undefined;
   // And the code it reproduces is the release it was written and tested against.
   if (sourcesHash(js.nc, direct, streams) !== testedSourcesHash) return undefined;
   return bucket;
@@ -316,7 +408,7 @@ function plainBucket(kv: KV): Bucket | undefined {
  * rewriting them, hashes differently and keeps the bucket's own methods: check what changed in
  * those methods before updating it.
  */
-const testedSourcesHash = "b20334f4:15257";
+const testedSourcesHash = "da247d5e:17713";
 
 function sourcesHash(nc: object, direct: object, streams: object): string {
   const methods: unknown[] = [
@@ -328,6 +420,9 @@ function sourcesHash(nc: object, direct: object, streams: object): string {
     (Object.getPrototypeOf(direct) as { getMessage?: unknown }).getMessage,
     (Object.getPrototypeOf(streams) as { getMessage?: unknown }).getMessage,
     (Object.getPrototypeOf(nc) as { request?: unknown }).request,
+    (Object.getPrototypeOf(nc) as { publish?: unknown }).publish,
+    (Object.getPrototypeOf((nc as { protocol?: object }).protocol ?? {}) as { publish?: unknown })
+      .publish,
     DirectMsgImpl,
   ];
   let hash = 0x811c9dc5;

@@ -1184,8 +1184,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         this.#index.hint(markerKey, Date.parse(record.nextAttemptAt!), revision);
         this.#index.wroteMarker(markerKey, await this.#requests.put(markerKey, encodeJson(marker)));
       } else if (record.state === "dispatched") {
+        // Dispatched is final: nothing can revive the marker, so it is deleted unconditionally,
+        // and without waiting for the acknowledgement (one reply less per message): a delete
+        // that is lost leaves a marker whose record is dispatched, which the next claim that
+        // reads it drops (after handing its key over, if it still heads one), as after a crash.
         this.#index.forget(markerKey);
-        await this.#requests.delete(markerKey); // dispatched is final: nothing can revive the marker
+        await this.#requests.deleteUnconfirmed(markerKey);
       } else {
         // dead can be requeued, and a requeue right after this write puts a new marker that
         // describes a newer record revision (`rev`): delete only a marker from before this

@@ -131,7 +131,12 @@ export class ApiStoredMessage extends Stored {
   }
 }
 
+/** `Uint8Array.fromBase64`, where the runtime has it (native: a third of the loop's cost). */
+const nativeFromBase64 = (Uint8Array as { fromBase64?: (text: string) => Uint8Array }).fromBase64
+  ?.bind(Uint8Array);
+
 function fromBase64(text: string): Uint8Array {
+  if (nativeFromBase64 !== undefined) return nativeFromBase64(text);
   const binary = atob(text);
   const bytes = new Uint8Array(binary.length);
   for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
