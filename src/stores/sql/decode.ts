@@ -14,8 +14,24 @@ import type { SqlRow } from "./executors.ts";
 
 const states: readonly OutboxState[] = ["pending", "claimed", "dispatched", "failed", "dead"];
 
-/** Decodes one outbox row; throws `OutboxCorruptRecordError` naming what is wrong. */
-export function decodeOutboxRow(row: SqlRow): OutboxMessage {
+/**
+ * What a claim wrote into every row it took: a claimed row's `state`, `updated_at`,
+ * `next_attempt_at` and `claim_token` are these, so SQLite's claim does not return them.
+ */
+export interface ClaimWrite {
+  /** `updated_at`: the claim's `now` (ISO-8601). */
+  readonly updatedAt: string;
+  /** `next_attempt_at`: the lease expiry (ISO-8601). */
+  readonly nextAttemptAt: string;
+  /** `claim_token`. */
+  readonly claimToken: string;
+}
+
+/**
+ * Decodes one outbox row; throws `OutboxCorruptRecordError` naming what is wrong. With `claim`,
+ * the row is one a claim returned without the columns it wrote (see {@linkcode ClaimWrite}).
+ */
+export function decodeOutboxRow(row: SqlRow, claim?: ClaimWrite): OutboxMessage {
   const id = row.id;
   if (typeof id !== "string") throw corrupt(undefined, `id is ${describe(id)}`);
   const fail = (reason: string): never => {
@@ -25,8 +41,10 @@ export function decodeOutboxRow(row: SqlRow): OutboxMessage {
   if (!outboxRecordKinds.includes(kind as OutboxRecordKind)) {
     fail(`unknown kind ${JSON.stringify(kind)}`);
   }
-  const state = text(row.state) ?? fail(`state is ${describe(row.state)}`);
-  if (!states.includes(state as OutboxState)) fail(`unknown state ${JSON.stringify(state)}`);
+  const state = claim ? "claimed" : text(row.state) ?? fail(`state is ${describe(row.state)}`);
+  if (!claim && !states.includes(state as OutboxState)) {
+    fail(`unknown state ${JSON.stringify(state)}`);
+  }
   const message: OutboxMessage = {
     id,
     kind: kind as OutboxRecordKind,
@@ -37,9 +55,12 @@ export function decodeOutboxRow(row: SqlRow): OutboxMessage {
     state: state as OutboxState,
     attempts: integer(row.attempts) ?? fail(`attempts is ${describe(row.attempts)}`),
     createdAt: toIsoTimestamp(row.created_at) ?? fail(`created_at is ${describe(row.created_at)}`),
-    updatedAt: toIsoTimestamp(row.updated_at) ?? fail(`updated_at is ${describe(row.updated_at)}`),
+    updatedAt: claim?.updatedAt ??
+      toIsoTimestamp(row.updated_at) ?? fail(`updated_at is ${describe(row.updated_at)}`),
   };
-  if (row.next_attempt_at !== null && row.next_attempt_at !== undefined) {
+  if (claim) {
+    message.nextAttemptAt = claim.nextAttemptAt;
+  } else if (row.next_attempt_at !== null && row.next_attempt_at !== undefined) {
     message.nextAttemptAt = toIsoTimestamp(row.next_attempt_at) ??
       fail(`next_attempt_at is ${describe(row.next_attempt_at)}`);
   }
@@ -50,7 +71,8 @@ export function decodeOutboxRow(row: SqlRow): OutboxMessage {
     message.orderingKey = text(row.ordering_key) ??
       fail(`ordering_key is ${describe(row.ordering_key)}`);
   }
-  if (typeof row.claim_token === "string") message.claimToken = row.claim_token;
+  if (claim) message.claimToken = claim.claimToken;
+  else if (typeof row.claim_token === "string") message.claimToken = row.claim_token;
   if (row.outcome !== null && row.outcome !== undefined) {
     const outcome = decodeJson(row.outcome, "outcome", fail);
     message.outcome = typeof outcome === "string" ? unwrapStructuredJsonText(outcome) : outcome;
@@ -125,6 +147,7 @@ function text(value: unknown): string | undefined {
 }
 
 function decodeHeaders(value: unknown, fail: (reason: string) => never): Record<string, string> {
+  if (value === "{}") return {}; // most messages: no JSON.parse for them
   const parsed = unwrapJsonText(decodeJson(value, "headers", fail), fail);
   if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
     return fail("headers is not a JSON object");

@@ -35,8 +35,10 @@ export interface OutboxStatements {
   /** $1 JSON array of ids */
   getMany: string;
   /**
-   * $1 now, $2 lease expiry, $3 limit, $4 claim token; each row also says whether hand-overs are
-   * due (`stale_heads`)
+   * $1 now, $2 lease expiry, $3 limit, $4 claim token. Postgres: returns `columns`, and each row
+   * also says whether hand-overs are due (`stale_heads`). SQLite: returns only
+   * {@linkcode sqliteClaimColumns} (the rest is what the claim wrote: its parameters) and no
+   * `stale_heads` (run `staleHeads` after it).
    */
   claim: string;
   /** no parameters: `stale` is true when some dispatched head still has to hand over */
@@ -364,6 +366,27 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   };
 }
 
+/**
+ * The columns SQLite's claim returns (plus `key_sequence`). The columns the claim sets to its own
+ * parameters (`state`, `updated_at`, `next_attempt_at`, `claim_token`) are left out: the
+ * repository knows them, and each returned column is a string node:sqlite copies into a new
+ * JavaScript string, per row.
+ */
+export const sqliteClaimColumns: readonly string[] = [
+  "seq",
+  "id",
+  "kind",
+  "name",
+  "subject",
+  "payload",
+  "headers",
+  "attempts",
+  "created_at",
+  "last_error",
+  "outcome",
+  "ordering_key",
+];
+
 function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
   const o = t.outbox;
   // RETURNING may only name the target table's columns, unqualified.
@@ -414,9 +437,13 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
     // As on Postgres: the oldest pending rows (pending_idx) and the earliest due retries and
     // expired leases (retry_idx), plus claimed/failed rows without a due time (due, as in
     // version 2), the oldest of them by seq; the partial indexes' WHERE terms are repeated
-    // literally.
+    // literally. RETURNING runs its subqueries once per returned row: the key sequence is
+    // looked up only for keyed rows (CASE), and whether hand-overs are due is asked once, by
+    // `staleHeads` after the claim, instead of in every row.
     claim:
-      `UPDATE ${o} SET state = 'claimed', attempts = attempts + 1, updated_at = ?1, next_attempt_at = ?2, claim_token = ?4 WHERE seq IN (SELECT seq FROM (SELECT seq FROM (SELECT seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL LIMIT ?3)) ORDER BY seq LIMIT ?3) RETURNING ${columns}, ${stale} AS stale_heads, ${keySequence} AS key_sequence`,
+      `UPDATE ${o} SET state = 'claimed', attempts = attempts + 1, updated_at = ?1, next_attempt_at = ?2, claim_token = ?4 WHERE seq IN (SELECT seq FROM (SELECT seq FROM (SELECT seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL LIMIT ?3)) ORDER BY seq LIMIT ?3) RETURNING ${
+        sqliteClaimColumns.join(", ")
+      }, CASE WHEN ordering_key IS NULL THEN NULL ELSE ${keySequence} END AS key_sequence`,
     staleHeads: `SELECT ${stale} AS stale`,
     keySequences: [
       `INSERT INTO ${keys} (ordering_key, stream_seq) SELECT t.ordering_key, m.sequence FROM ${fencedMarks} AND m.state = 'dispatched' AND m.sequence IS NOT NULL ORDER BY t.seq ON CONFLICT (ordering_key) DO UPDATE SET stream_seq = excluded.stream_seq`,

@@ -49,8 +49,8 @@ import {
   validateOrderingKey,
   validateOutboxRecord,
 } from "../../core/validate.ts";
-import { decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
-import { type OutboxStatements, outboxStatements } from "./dialects.ts";
+import { type ClaimWrite, decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
+import { type OutboxStatements, outboxStatements, sqliteClaimColumns } from "./dialects.ts";
 import { PlannedStatements } from "./plan_generations.ts";
 import { pruneBatch } from "./prune_batches.ts";
 import type { SqlExecutor, SqlRow } from "./executors.ts";
@@ -280,10 +280,13 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     const lease = addMs(now, leaseMs).toISOString();
     const token = newClaimToken();
     let rows = await this.executor.query(this.#sql.claim, [nowIso, lease, max, token]);
-    if (rows.length > 0) checkColumns(rows[0]);
+    // SQLite's claim returns only the columns it did not write (dialects.ts).
+    const sqlite = this.dialect === "sqlite";
+    if (rows.length > 0) checkColumns(rows[0], sqlite ? sqliteClaimColumns : claimColumns);
     // Ordering keys: a dispatched head whose hand-over is still to do (an enqueue of its key was
     // in flight, or a process died between the mark and the hand-over) is handed over now.
-    const stale = rows.length > 0
+    // Postgres's claim answers in its rows; SQLite asks after the claim.
+    const stale = rows.length > 0 && !sqlite
       ? truthy(rows[0].stale_heads)
       : truthy((await this.executor.query(this.#sql.staleHeads, []))[0]?.stale);
     if (stale) {
@@ -302,10 +305,13 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     this.#plans.count(rows.length);
     // RETURNING gives no order: restore the claim order (seq).
     rows.sort((a, b) => (integer(a.seq) ?? 0) - (integer(b.seq) ?? 0));
+    const written: ClaimWrite | undefined = sqlite
+      ? { updatedAt: nowIso, nextAttemptAt: lease, claimToken: token }
+      : undefined;
     const claimed: OutboxMessage[] = [];
     for (const row of rows) {
       try {
-        claimed.push(withKeySequence(decodeOutboxRow(row), row));
+        claimed.push(withKeySequence(decodeOutboxRow(row, written), row));
       } catch (error) {
         const reason = error instanceof OutboxCorruptRecordError
           ? error
@@ -639,6 +645,9 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 }
 
+/** The columns Postgres's claim returns: all but key_head (it returns only rows ordering lets through). */
+const claimColumns = outboxColumnsV3.filter((column) => column !== "key_head");
+
 /** Insert attempts for a keyed record whose key gained a head concurrently. */
 const maxInsertRounds = 3;
 /** Hand-overs done per claim. */
@@ -758,9 +767,8 @@ function copyMessage(message: OutboxMessage): OutboxMessage {
  * `transform: postgres.camel`, node:sqlite `returnArrays`), not a corrupt message: fail the claim
  * (the rows stay leased and are claimed again later) instead of dead-lettering every message.
  */
-function checkColumns(row: SqlRow): void {
-  // key_head stays in the table: a claim returns only rows ordering lets through.
-  const missing = outboxColumnsV3.filter((column) => column !== "key_head" && !(column in row));
+function checkColumns(row: SqlRow, columns: readonly string[]): void {
+  const missing = columns.filter((column) => !(column in row));
   if (missing.length > 0) {
     throw new OutboxValidationError(
       "executor",
