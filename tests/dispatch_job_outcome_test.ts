@@ -150,10 +150,38 @@ for (const store of stores) {
         payload: "{}",
         headers: {},
       })));
+      // Events whose receipt throws when read, next to a plain one.
+      const events = ["seq-getter", "duplicate-getter", "fine-event"];
+      await outbox.enqueueMany(events.map((id) => ({
+        id,
+        kind: "event.publish" as const,
+        name: "e",
+        subject: `events.${uniqueName("e")}`,
+        payload: "{}",
+        headers: {},
+      })));
+      const published: string[] = [];
       const runs: string[] = [];
       const hookErrors = new Map<string, string>();
       const runtime: OutboxRuntime = {
-        publishPreparedEvent: () => Promise.reject(new Error("no events in this test")),
+        publishPreparedEvent: (event) => {
+          const id = event.header.id;
+          published.push(id);
+          const receipt = { stream: "S", seq: published.length, duplicate: false };
+          const throwing = id === "seq-getter"
+            ? "seq"
+            : id === "duplicate-getter"
+            ? "duplicate"
+            : "";
+          if (throwing) {
+            Object.defineProperty(receipt, throwing, {
+              get() {
+                throw new Error(`no ${throwing} for you`);
+              },
+            });
+          }
+          return Promise.resolve(receipt);
+        },
         dispatchJobSubmission: (message: OutboxMessage) => {
           runs.push(message.id);
           const handler = handlers[message.id];
@@ -184,6 +212,13 @@ for (const store of stores) {
         assert.deepEqual(message?.outcome, { ok: name });
       }
       // A checked outcome is stored as it was checked, whatever the handler did with it later.
+      assert.deepEqual(published.toSorted(), events.toSorted());
+      assert.equal((await outbox.get("fine-event"))?.state, "dispatched");
+      for (const id of ["seq-getter", "duplicate-getter"]) {
+        const message = await outbox.get(id);
+        assert.equal(message?.state, "dead", id);
+        assert.match(message?.lastError ?? "", /^unreadable: /, id);
+      }
       const mutated = await outbox.get("mutated-outcome");
       assert.equal(mutated?.state, "dispatched");
       assert.deepEqual(mutated?.outcome, { ok: "yes" });

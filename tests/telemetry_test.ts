@@ -436,3 +436,51 @@ Deno.test("outbox.keys.blocked reports the ordering keys blocked by a dead head 
   assert.equal(sum(points.get("outbox.keys.blocked"), { "outbox.store": "orders" }), 1);
   await observation.stop();
 });
+
+Deno.test("failure texts reach spans bounded and clean; an error code that is not a short string is error.type other", async () => {
+  await using otel = withOtel();
+  const telemetry = new OutboxTelemetry({
+    tracerProvider: otel.tracerProvider,
+    meterProvider: otel.meterProvider,
+  });
+  const failures: Record<string, unknown> = {
+    "m-nul": new Error("bad \u0000 byte \ud800"),
+    "m-huge": new Error("z".repeat(100_000)),
+    "m-code": new OutboxPublishError("retryable", "odd code", { code: "c".repeat(1_000) }),
+  };
+  const runtime = telemetry.instrumentRuntime({
+    publishPreparedEvent: (event) => Promise.reject(failures[event.header.id]),
+  });
+  const outbox = telemetry.instrumentOutbox(new MemoryOutboxRepository());
+  await outbox.enqueueMany(
+    Object.keys(failures).map((id) => ({
+      id,
+      kind: "event.publish" as const,
+      name: "e",
+      subject: "a.b",
+      payload: "{}",
+      headers: {},
+    })),
+  );
+  const dispatcher = new OutboxDispatcher(outbox, runtime, {
+    ...telemetry.hooks,
+    idleRetryMs: false,
+  });
+  await dispatcher.whenIdle();
+  await dispatcher.stop();
+  await new Promise((resolve) => setTimeout(resolve, 1));
+  const publishes = otel.spans.getFinishedSpans().filter((span) => span.name.startsWith("publish"));
+  assert.equal(publishes.length, 3);
+  for (const span of publishes) {
+    const message = span.status.message ?? "";
+    assert.ok(message.length <= 8192 && !message.includes("\u0000") && message.isWellFormed());
+    for (const event of span.events) {
+      const text = String(event.attributes?.["exception.message"] ?? "");
+      assert.ok(text.length <= 8192 && !text.includes("\u0000") && text.isWellFormed());
+    }
+  }
+  const failed = (await metricPoints(otel.reader)).get("outbox.messages.failed") ?? [];
+  const types = failed.map((point) => String(point.attributes["error.type"])).toSorted();
+  assert.deepEqual(types, ["error", "other"]);
+  assert.equal(sum(failed), 3);
+});

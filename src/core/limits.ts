@@ -39,7 +39,13 @@ export function checkedDate(date: Date, field = "now"): string {
   if (!(date instanceof Date) || !Number.isFinite(date.getTime())) {
     throw new OutboxValidationError(field, `${field} must be a valid Date`);
   }
-  return date.toISOString();
+  const iso = date.toISOString();
+  // Years 0000-9999 only: later (or negative) years are written "+275760-..." by
+  // toISOString, which Postgres refuses and the NATS KV records' schema reads as corrupt.
+  if (iso.length !== 24) {
+    throw new OutboxValidationError(field, `${field} must be within the years 0000-9999`);
+  }
+  return iso;
 }
 
 /** The claim lease of `claimDue`'s options, checked (default {@linkcode defaultLeaseMs}). */

@@ -107,6 +107,13 @@ export function storableOutcome(value: unknown): string {
   if (typeof text !== "string") {
     throw new OutboxValidationError("outcome", "Outbox outcome is not JSON (nothing to store)");
   }
+  // Every code unit is at least one UTF-8 byte: a text this long is too large, whatever it holds.
+  if (text.length > maxOutcomeBytes) {
+    throw new OutboxValidationError(
+      "outcome",
+      `Outbox outcome is ${text.length} characters of JSON, more than ${maxOutcomeBytes} bytes`,
+    );
+  }
   // JSON.stringify writes NUL as \u0000 and a lone surrogate as \udXXX (a pair stays as its
   // two characters); an escape counts only after an even number of backslashes.
   if (/(?<!\\)(?:\\\\)*\\u(?:0000|d[89a-f][0-9a-f]{2})/i.test(text)) {
@@ -115,7 +122,8 @@ export function storableOutcome(value: unknown): string {
       "Outbox outcome cannot be stored: a string or key holds a NUL character or a lone surrogate",
     );
   }
-  const bytes = utf8Bytes(text);
+  // A code unit is at most 3 UTF-8 bytes (a surrogate pair: 4 for 2): count only near the limit.
+  const bytes = text.length * 3 <= maxOutcomeBytes ? 0 : utf8Bytes(text);
   if (bytes > maxOutcomeBytes) {
     throw new OutboxValidationError(
       "outcome",

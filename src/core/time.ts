@@ -54,7 +54,13 @@ function fromSqlText(value: string): string {
   return `${text.slice(0, zone.index)}${zone[1]}:${zone[3] ?? "00"}`;
 }
 
-/** `now + ms` as a `Date`. */
+/** The latest time the stores keep: the end of year 9999 (Postgres reads no later ISO text). */
+export const latestStoredTime: number = Date.UTC(9999, 11, 31, 23, 59, 59, 999);
+
+/**
+ * `now + ms` as a `Date`, at most {@linkcode latestStoredTime} (a retry delay or lease so long
+ * it would pass it is due then: no store could keep the later time).
+ */
 export function addMs(now: Date, ms: number): Date {
-  return new Date(now.getTime() + ms);
+  return new Date(Math.min(now.getTime() + ms, latestStoredTime));
 }

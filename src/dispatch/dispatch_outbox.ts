@@ -636,7 +636,9 @@ async function attempt(
       return failure(engine, message, error);
     }
     if (message.kind === "event.publish") {
-      const receipt = (value ?? undefined) as OutboxPublishReceipt | undefined;
+      // A plain copy of the receipt, read once here: its fields are read again when the batch
+      // is marked and by the hooks, where a throwing getter would stop the whole batch.
+      const receipt = readReceipt(value as OutboxPublishReceipt | undefined);
       const info: DispatchedInfo = { duplicate: receipt?.duplicate === true };
       if (receipt) info.receipt = receipt;
       return { state: "dispatched", info };
@@ -665,6 +667,19 @@ async function attempt(
   } finally {
     engine.window.release();
   }
+}
+
+/** The runtime's receipt as a plain object of its known fields (`undefined` without one). */
+function readReceipt(
+  value: OutboxPublishReceipt | null | undefined,
+): OutboxPublishReceipt | undefined {
+  if (value === null || typeof value !== "object") return undefined;
+  const receipt: OutboxPublishReceipt = {};
+  const { duplicate, stream, seq } = value;
+  if (duplicate !== undefined) receipt.duplicate = duplicate === true;
+  if (typeof stream === "string") receipt.stream = stream;
+  if (typeof seq === "number") receipt.seq = seq;
+  return receipt;
 }
 
 /**

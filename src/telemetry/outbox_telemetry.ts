@@ -26,6 +26,7 @@ import {
   type TracerProvider,
 } from "@opentelemetry/api";
 import { errorMessage, OutboxPublishError } from "../core/errors.ts";
+import { storableErrorText } from "../core/storable_text.ts";
 import { nonNegative } from "../core/limits.ts";
 import type {
   OutboxAdmin,
@@ -674,13 +675,30 @@ export class OutboxTelemetry {
 }
 
 function fail(span: Span, error: unknown): void {
-  span.recordException(error instanceof Error ? error : new Error(errorMessage(error)));
-  span.setStatus({ code: SpanStatusCode.ERROR, message: errorMessage(error) });
+  // The text as the stores keep it (bounded, no NUL, no lone surrogate), never throwing.
+  const text = storableErrorText(error);
+  // The error itself (with its stack) when its text needed no change; else a new Error.
+  let exception: Error;
+  try {
+    exception = error instanceof Error && errorMessage(error) === text ? error : new Error(text);
+  } catch {
+    exception = new Error(text);
+  }
+  span.recordException(exception);
+  span.setStatus({ code: SpanStatusCode.ERROR, message: text });
 }
 
-/** A bounded error class for metrics: the publish error code, else the error's name. */
+/**
+ * A bounded error class for metrics: the publish error code, else the error's name; a code or
+ * name that is not a short string counts as "other".
+ */
 function errorType(error: unknown): string {
-  if (error instanceof OutboxPublishError) return error.code;
-  if (error instanceof Error) return error.name || "Error";
-  return "unknown";
+  let type: unknown = "unknown";
+  try {
+    if (error instanceof OutboxPublishError) type = error.code;
+    else if (error instanceof Error) type = error.name || "Error";
+  } catch {
+    return "other";
+  }
+  return typeof type === "string" && type.length <= 64 ? type : "other";
 }

@@ -672,6 +672,28 @@ export const conformanceCases: readonly ConformanceCase[] = [
     },
   },
   {
+    name: "a mark with a time no store can keep (after year 9999) is refused, nothing applied",
+    async run({ outbox }) {
+      const [a, b] = await enqueueAll(outbox, 2);
+      const claims = await outbox.claimDue(2, new Date());
+      const byId = new Map(claims.map((claim) => [claim.id, claim]));
+      await assert.rejects(
+        outbox.markMany!([
+          { claim: byId.get(a.id)!, state: "dispatched" },
+          {
+            claim: byId.get(b.id)!,
+            state: "failed",
+            error: "later",
+            nextAttemptAt: new Date(8.64e15),
+          },
+        ], new Date()),
+        { name: "OutboxValidationError", field: "nextAttemptAt" },
+      );
+      assert.equal((await outbox.get(a.id))?.state, "claimed");
+      assert.equal((await outbox.get(b.id))?.state, "claimed");
+    },
+  },
+  {
     name: "concurrent claimers receive every message exactly once",
     async run(fixture) {
       const { outbox } = fixture;

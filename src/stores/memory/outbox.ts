@@ -484,7 +484,7 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
       case "dispatched":
         delete message.nextAttemptAt;
         delete message.lastError;
-        if (mark.outcome !== undefined) message.outcome = cloneJson(mark.outcome);
+        if (mark.outcome !== undefined) message.outcome = mark.outcome; // a fresh copy (storableMark)
         if (mark.sequence !== undefined && message.orderingKey !== undefined) {
           this.#keySequences.set(message.orderingKey, mark.sequence);
         }

@@ -41,7 +41,7 @@ import {
 } from "../../core/limits.ts";
 import { type FenceVerdict, fenceVerdict, newClaimToken } from "../../core/fence.ts";
 import { addMs } from "../../core/time.ts";
-import { storableErrorText, storableMark } from "../../core/storable_text.ts";
+import { maxOutcomeBytes, storableErrorText, storableMark } from "../../core/storable_text.ts";
 import type {
   JsonValue,
   OutboxAdmin,
@@ -477,7 +477,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   async markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
     // Every sequence and outcome is checked, and every error text made storable, before any
     // mark applies.
-    for (const mark of marks) if (mark?.state === "dispatched") checkedSequence(mark.sequence);
+    for (const mark of marks) {
+      if (mark?.state === "dispatched") checkedSequence(mark.sequence);
+      if (mark?.state === "failed") checkedDate(mark.nextAttemptAt, "nextAttemptAt");
+    }
     const ready = marks.map(storableMark);
     const chains = new Map<string, number[]>();
     marks.forEach((mark, index) => {
@@ -949,10 +952,15 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     };
     const bytes = encodeJson(stored);
     const maxPayload = serverMaxPayload(this.#kv);
-    if (maxPayload !== undefined && bytes.length + updateHeadroomBytes > maxPayload) {
+    // A job's record also keeps its outcome once dispatched.
+    const headroom = updateHeadroomBytes +
+      (record.kind === "event.publish" ? 0 : maxOutcomeBytes);
+    if (maxPayload !== undefined && bytes.length + headroom > maxPayload) {
       throw new OutboxValidationError(
         "payload",
-        `Outbox record '${record.id}' is ${bytes.length} bytes as a NATS KV entry; it must stay ${updateHeadroomBytes} bytes below the server's max_payload (${maxPayload}) so claims and marks can rewrite it`,
+        `Outbox record '${record.id}' is ${bytes.length} bytes as a NATS KV entry; it must stay ${headroom} bytes below the server's max_payload (${maxPayload}) so claims and marks can rewrite it${
+          record.kind === "event.publish" ? "" : " (a job's record keeps its outcome)"
+        }`,
       );
     }
     return { stored, bytes };

@@ -349,15 +349,18 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     const [changed] = await this.markMany([{
       claim,
       state: "failed",
-      error: failure.error,
-      nextAttemptAt: failure.nextAttemptAt,
-    }], failure.now);
+      error: failure?.error,
+      nextAttemptAt: failure?.nextAttemptAt,
+    }], failure?.now);
     return changed;
   }
 
   /** Moves a claim to `dead` (fenced); `false` when the claim was superseded. */
   async markDead(claim: OutboxClaim, dead: OutboxDeadLetter): Promise<boolean> {
-    const [changed] = await this.markMany([{ claim, state: "dead", error: dead.error }], dead.now);
+    const [changed] = await this.markMany(
+      [{ claim, state: "dead", error: dead?.error }],
+      dead?.now,
+    );
     return changed;
   }
 
