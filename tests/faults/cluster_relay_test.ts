@@ -23,7 +23,6 @@ import {
   records,
   since,
   tableSnapshot,
-  unstableInCi,
   waitDispatched,
 } from "./harness.ts";
 
@@ -138,7 +137,6 @@ Deno.test("R3 cluster: the stream leader is killed (-9) mid-dispatch and restart
 
 Deno.test(
   "R3 cluster: the stream leader is frozen (SIGSTOP) for longer than the lease; a second dispatcher reclaims, the stream stores each message once",
-  unstableInCi,
   async () => {
     await using cluster = await NatsCluster.start();
     await using s = await setup(cluster);

@@ -493,14 +493,3 @@ export function figures(scenario: string, values: Record<string, unknown>): void
 export function since(start: number): number {
   return Math.round(performance.now() - start);
 }
-
-/**
- * Unstable in CI: skipped when CI=true unless OUTBOX_FAULTS_FLAKY=1; run by `deno task test:faults`
- * everywhere else. Only the frozen-stream-leader scenario uses it: with the kit waiting for
- * a placeable cluster and `readStreamIds` retrying through "temporarily unavailable" and stalled
- * consumers, it passed 5 of 6 runs under CI=true on a loaded 2-core machine, and the sixth hung
- * for 10 minutes before the stalled-read watchdog existed (where it hung was not pinned down).
- */
-export const unstableInCi: { ignore: boolean } = {
-  ignore: Deno.env.get("CI") === "true" && Deno.env.get("OUTBOX_FAULTS_FLAKY") !== "1",
-};
