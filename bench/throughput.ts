@@ -9,7 +9,7 @@
  *
  * Options (all optional): `--count=20000` messages per throughput scenario, `--window=256`
  * PubAcks in flight for raw publishing, `--rounds=3` (every scenario runs once per round, rounds
- * interleave, the table shows medians), `--only=a,p,b,pg,pg-keys,pg-1key,sqlite,kv,memory,otel-api,otel-sdk,
+ * interleave, the table shows medians), `--only=a,p,b,pg,pg-keys,pg-1key,sqlite,sqlite-normal,kv,memory,otel-api,otel-sdk,
  * p-r1,p-r3,pg-r1,pg-r3,latency,rss` (a subset; the `-r1`/`-r3` scenarios run on a private
  * 3-node cluster started through the test kit, see below), `--latency-seconds=20`, `--latency-rate=1000`, `--latency-rounds=2`
  * (runs per wake-up mode, alternating which runs first), `--rss-count=100000`,
@@ -239,6 +239,51 @@ async function main(): Promise<void> {
     };
   }
 
+  /** The SQLite relay; `synchronous` sets that pragma in the relay's process (else SQLite's default). */
+  function sqliteScenario(id: string, label: string, synchronous?: "NORMAL"): Scenario {
+    return {
+      id,
+      label,
+      async prepare() {
+        const s = await stream();
+        const dir = await Deno.makeTempDir({ prefix: "outbox_bench_tp_" });
+        const path = `${dir}/outbox.db`;
+        const db = openSqliteFile(path);
+        const executor = nodeSqliteExecutor(db);
+        await migrate(executor, { dialect: "sqlite" });
+        await enqueueAll(
+          new SqlOutboxRepository(executor, "sqlite"),
+          records(uniqueName("m"), s.prefix, count),
+        );
+        db.exec("ANALYZE");
+        db.close();
+        const config: OutboxDispatchConfig = {
+          natsUrl: nats,
+          store: "sqlite",
+          count,
+          telemetry: "off",
+          sqlitePath: path,
+          ...(synchronous ? { sqliteSynchronous: synchronous } : {}),
+        };
+        return {
+          file: "outbox_dispatch.ts",
+          config,
+          async finish() {
+            const check = openSqliteFile(path);
+            const stats = await new SqlOutboxRepository(nodeSqliteExecutor(check), "sqlite")
+              .stats();
+            check.close();
+            await Deno.remove(dir, { recursive: true });
+            if (stats.dispatched !== count) {
+              throw new Error(`${stats.dispatched} of ${count} dispatched`);
+            }
+            await s.verify(count);
+          },
+        };
+      },
+    };
+  }
+
   function dispatcherScenario(
     id: string,
     label: string,
@@ -414,46 +459,12 @@ async function main(): Promise<void> {
       1,
       singleKeyCount,
     ),
-    {
-      id: "sqlite",
-      label: "(c) OutboxDispatcher, SQLite (node:sqlite, WAL file)",
-      async prepare() {
-        const s = await stream();
-        const dir = await Deno.makeTempDir({ prefix: "outbox_bench_tp_" });
-        const path = `${dir}/outbox.db`;
-        const db = openSqliteFile(path);
-        const executor = nodeSqliteExecutor(db);
-        await migrate(executor, { dialect: "sqlite" });
-        await enqueueAll(
-          new SqlOutboxRepository(executor, "sqlite"),
-          records(uniqueName("m"), s.prefix, count),
-        );
-        db.exec("ANALYZE");
-        db.close();
-        const config: OutboxDispatchConfig = {
-          natsUrl: nats,
-          store: "sqlite",
-          count,
-          telemetry: "off",
-          sqlitePath: path,
-        };
-        return {
-          file: "outbox_dispatch.ts",
-          config,
-          async finish() {
-            const check = openSqliteFile(path);
-            const stats = await new SqlOutboxRepository(nodeSqliteExecutor(check), "sqlite")
-              .stats();
-            check.close();
-            await Deno.remove(dir, { recursive: true });
-            if (stats.dispatched !== count) {
-              throw new Error(`${stats.dispatched} of ${count} dispatched`);
-            }
-            await s.verify(count);
-          },
-        };
-      },
-    },
+    sqliteScenario("sqlite", "(c) OutboxDispatcher, SQLite (node:sqlite, WAL file)"),
+    sqliteScenario(
+      "sqlite-normal",
+      "(c) OutboxDispatcher, SQLite, WAL file, synchronous = NORMAL",
+      "NORMAL",
+    ),
     {
       id: "kv",
       label: "(c) OutboxDispatcher, NATS KV",

@@ -45,6 +45,8 @@ export interface OutboxDispatchConfig {
   postgresUrl?: string;
   tables?: SqlOutboxTables;
   sqlitePath?: string;
+  /** `PRAGMA synchronous` for the SQLite relay's connection (SQLite's default, FULL, if unset). */
+  sqliteSynchronous?: "NORMAL";
   bucket?: string;
   /** memory: subject prefix and id tag of the messages to enqueue here. */
   prefix?: string;
@@ -70,6 +72,7 @@ if (import.meta.main) {
     }
     case "sqlite": {
       const db = openSqliteFile(config.sqlitePath!);
+      if (config.sqliteSynchronous) db.exec(`PRAGMA synchronous = ${config.sqliteSynchronous}`);
       outbox = new SqlOutboxRepository(nodeSqliteExecutor(db), "sqlite", config.tables);
       close = () => Promise.resolve(db.close());
       break;
