@@ -477,14 +477,22 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   async prune(options: OutboxPruneOptions): Promise<OutboxPruneResult> {
     const batchSize = checkedBatchSize(options.batchSize);
     const result: OutboxPruneResult = { dispatched: 0, dead: 0 };
-    const retireBefore = options.dispatchedBefore !== undefined && !options.dryRun
+    // Postgres needs transactions for both steps (their locks must last until they commit); an
+    // executor without transaction() (a hand-written one) prunes rows only, as before.
+    const retireBefore = options.dispatchedBefore !== undefined && !options.dryRun &&
+        (this.dialect === "sqlite" || typeof this.executor.transaction === "function")
       ? checkedDate(options.dispatchedBefore, "dispatchedBefore")
       : undefined;
     if (retireBefore !== undefined) {
-      // Without a claimer running, nothing else would hand these over.
-      while (truthy((await this.executor.query(this.#sql.staleHeads, []))[0]?.stale)) {
-        const round = await this.#handOver(null);
-        if (round.released === 0 || round.held < handOverBatch) break;
+      // Without a claimer running, nothing else would hand these over. A failure leaves them
+      // to the next claim or prune, as a failed hand-over after a mark does.
+      try {
+        while (truthy((await this.executor.query(this.#sql.staleHeads, []))[0]?.stale)) {
+          const round = await this.#handOver(null);
+          if (round.released === 0 || round.held < handOverBatch) break;
+        }
+      } catch {
+        // see above
       }
     }
     const plan: Array<["dispatched" | "dead", Date | undefined]> = [
