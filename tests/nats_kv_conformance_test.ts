@@ -3,8 +3,6 @@ import { openKvFixture } from "./nats_kv_fixture.ts";
 
 testConformance({
   name: "nats kv",
-  // prune does not retire idle ordering keys on KV yet (their q._k entries stay).
-  idleKeys: false,
   canCorrupt: true,
   async open() {
     const fixture = await openKvFixture();

@@ -22,8 +22,6 @@ function recordKey(id: string): string {
 
 testConformance({
   name: "node nats kv",
-  // prune does not retire idle ordering keys on KV yet (their q._k entries stay).
-  idleKeys: false,
   canCorrupt: true,
   async open(): Promise<ConformanceFixture> {
     const nc = await connect({ servers: natsUrl() });
