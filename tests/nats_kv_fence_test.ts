@@ -90,12 +90,19 @@ Deno.test("nats kv fence: keyed claims carry the key's last sequence; marks that
   assert.equal("keySequence" in claimE, false);
   assert.equal(await outbox.markDispatched(claimE, at(t0, 15), undefined, { sequence: 500 }), true);
 
-  // Kept per key: after the key drained and its dispatched messages were pruned.
-  assert.ok((await outbox.prune({ dispatchedBefore: new Date(Date.now() + 60_000) })).dispatched);
+  // Kept per key: after the key drained and its earlier dispatched messages were pruned (it was
+  // used at the cutoff: e, so prune does not retire it).
+  assert.ok((await outbox.prune({ dispatchedBefore: at(t0, 15) })).dispatched);
   const f = keyed(k);
   await peer.enqueue(f);
   const claimF = await claimOnly(peer, f.id, new Date());
   assert.equal(claimF.keySequence, 500);
+  // Idle since a later cutoff: retired, the key's next message is its first again.
+  assert.equal(await peer.markDispatched(claimF, at(t0, 16)), true);
+  assert.ok((await outbox.prune({ dispatchedBefore: at(t0, 17) })).dispatched);
+  const g = keyed(k);
+  await peer.enqueue(g);
+  assert.equal("keySequence" in await claimOnly(outbox, g.id, new Date()), false);
 });
 
 Deno.test("nats kv fence: an invalid sequence is refused before any mark of the batch applies", async () => {

@@ -49,12 +49,13 @@ Deno.test("version 1 artifacts are byte-identical to the reference's", () => {
 Deno.test("artifacts are frozen, versioned and checksummed", () => {
   for (const dialect of ["postgres", "sqlite"] as const) {
     const migrations = getSqlOutboxMigrations({ dialect });
-    assert.deepEqual(migrations.map((m) => m.version), [1, 2, 3, 4]);
+    assert.deepEqual(migrations.map((m) => m.version), [1, 2, 3, 4, 5]);
     assert.deepEqual(migrations.map((m) => m.id), [
       `trellis_sql_outbox_inbox_${dialect}_v1`,
       `trellis_sql_outbox_inbox_${dialect}_v2`,
       `trellis_sql_outbox_inbox_${dialect}_v3`,
       `trellis_sql_outbox_inbox_${dialect}_v4`,
+      `trellis_sql_outbox_inbox_${dialect}_v5`,
     ]);
     for (const migration of migrations) {
       assert.ok(Object.isFrozen(migration) && Object.isFrozen(migration.up));
@@ -183,11 +184,12 @@ for (const dialect of dialects) {
       const result = await migrate(executor, { dialect, tables });
       assert.deepEqual(result, {
         from: 1,
-        to: 4,
+        to: 5,
         applied: [
           `trellis_sql_outbox_inbox_${dialect}_v2`,
           `trellis_sql_outbox_inbox_${dialect}_v3`,
           `trellis_sql_outbox_inbox_${dialect}_v4`,
+          `trellis_sql_outbox_inbox_${dialect}_v5`,
         ],
         reverted: [],
         adopted: true,
@@ -254,8 +256,8 @@ for (const dialect of dialects) {
 
       // Idempotent.
       assert.deepEqual(await migrate(executor, { dialect, tables }), {
-        from: 4,
-        to: 4,
+        from: 5,
+        to: 5,
         applied: [],
         reverted: [],
         adopted: false,
@@ -265,7 +267,7 @@ for (const dialect of dialects) {
     }
   });
 
-  Deno.test(`${dialect}: migrate on an empty database applies v1 to v4 and records them`, async () => {
+  Deno.test(`${dialect}: migrate on an empty database applies v1 to v5 and records them`, async () => {
     const db = await openDb(dialect);
     try {
       const result = await migrate(db.executor, { dialect, tables: db.tables });
@@ -274,6 +276,7 @@ for (const dialect of dialects) {
         `trellis_sql_outbox_inbox_${dialect}_v2`,
         `trellis_sql_outbox_inbox_${dialect}_v3`,
         `trellis_sql_outbox_inbox_${dialect}_v4`,
+        `trellis_sql_outbox_inbox_${dialect}_v5`,
       ]);
       assert.equal(result.adopted, false);
       const rows = await db.executor.query(
@@ -305,7 +308,7 @@ for (const dialect of dialects) {
       const columns = await columnNames(db, db.tables.outbox);
       assert.ok(columns.includes("seq"), "the refused downgrade changed nothing");
       await db.executor.query(
-        `UPDATE ${db.tables.outbox}_migrations SET version = 5 WHERE version = 2`,
+        `UPDATE ${db.tables.outbox}_migrations SET version = 6 WHERE version = 2`,
         [],
       );
       await assert.rejects(migrate(db.executor, { dialect, tables: db.tables }), {
@@ -334,7 +337,7 @@ for (const dialect of dialects) {
     }
   });
 
-  Deno.test(`${dialect}: the fresh schema DDL equals v1 to v4 migrated and is adopted as v4`, async () => {
+  Deno.test(`${dialect}: the fresh schema DDL equals v1 to v5 migrated and is adopted as v5`, async () => {
     const migrated = await openDb(dialect);
     const fresh = await openDb(dialect);
     try {
@@ -347,7 +350,7 @@ for (const dialect of dialects) {
       }
       assert.deepEqual(await catalog(fresh), await catalog(migrated));
       const result = await migrate(fresh.executor, { dialect, tables: fresh.tables });
-      assert.deepEqual(result, { from: 4, to: 4, applied: [], reverted: [], adopted: true });
+      assert.deepEqual(result, { from: 5, to: 5, applied: [], reverted: [], adopted: true });
     } finally {
       await migrated.close();
       await fresh.close();
@@ -381,6 +384,7 @@ for (const dialect of dialects) {
       await executor.query(`DELETE FROM ${tables.inbox} WHERE consumer = 'billing'`, []);
       const result = await migrate(executor, { dialect, tables, to: 1 });
       assert.deepEqual(result.reverted, [
+        `trellis_sql_outbox_inbox_${dialect}_v5`,
         `trellis_sql_outbox_inbox_${dialect}_v4`,
         `trellis_sql_outbox_inbox_${dialect}_v3`,
         `trellis_sql_outbox_inbox_${dialect}_v2`,
@@ -412,6 +416,7 @@ for (const dialect of dialects) {
         `trellis_sql_outbox_inbox_${dialect}_v2`,
         `trellis_sql_outbox_inbox_${dialect}_v3`,
         `trellis_sql_outbox_inbox_${dialect}_v4`,
+        `trellis_sql_outbox_inbox_${dialect}_v5`,
       ]);
       assert.equal((await outbox.get("c"))?.state, "pending");
     } finally {
@@ -450,6 +455,7 @@ for (const dialect of dialects) {
       assert.deepEqual(result.applied, [
         `trellis_sql_outbox_inbox_${dialect}_v3`,
         `trellis_sql_outbox_inbox_${dialect}_v4`,
+        `trellis_sql_outbox_inbox_${dialect}_v5`,
       ]);
       const outbox = new SqlOutboxRepository(executor, dialect, tables);
       const held = await outbox.get("a");
@@ -465,6 +471,7 @@ for (const dialect of dialects) {
       assert.equal(typeof b.claimToken, "string");
       // Down to v2 keeps every row; the claim then settles with the v2 fence.
       assert.deepEqual((await migrate(executor, { dialect, tables, to: 2 })).reverted, [
+        `trellis_sql_outbox_inbox_${dialect}_v5`,
         `trellis_sql_outbox_inbox_${dialect}_v4`,
         `trellis_sql_outbox_inbox_${dialect}_v3`,
       ]);
@@ -501,8 +508,11 @@ for (const dialect of dialects) {
       const result = await migrate(executor, { dialect, tables });
       assert.deepEqual(result, {
         from: 3,
-        to: 4,
-        applied: [`trellis_sql_outbox_inbox_${dialect}_v4`],
+        to: 5,
+        applied: [
+          `trellis_sql_outbox_inbox_${dialect}_v4`,
+          `trellis_sql_outbox_inbox_${dialect}_v5`,
+        ],
         reverted: [],
         adopted: true,
       });
@@ -515,6 +525,7 @@ for (const dialect of dialects) {
       assert.equal(k2.keySequence, 7);
       // Down to v3 drops the key sequences and keeps every message; back up, the key is unfenced.
       assert.deepEqual((await migrate(executor, { dialect, tables, to: 3 })).reverted, [
+        `trellis_sql_outbox_inbox_${dialect}_v5`,
         `trellis_sql_outbox_inbox_${dialect}_v4`,
       ]);
       assert.equal((await columnNames(db, `${tables.outbox}_keys`)).length, 0);
@@ -523,6 +534,52 @@ for (const dialect of dialects) {
       assert.equal(await outbox.markDispatched(k2, now, undefined, { sequence: 8 }), true);
       const [k3] = await outbox.claimDue(5, now);
       assert.equal(k3.keySequence, 8);
+    } finally {
+      await db.close();
+    }
+  });
+
+  Deno.test(`${dialect}: a version 4 database is upgraded to v5 in place (the idle-key index) and back`, async () => {
+    const db = await openDb(dialect);
+    try {
+      const { executor, tables } = db;
+      // Made by the version 4 DDL (no migration record): adopted at 4.
+      await migrate(executor, { dialect, tables, to: 4 });
+      await executor.query(`DROP TABLE ${tables.outbox}_migrations`, []);
+      const outbox = new SqlOutboxRepository(executor, dialect, tables);
+      const base = { kind: "event.publish" as const, name: "n", subject: "s.a", payload: "{}" };
+      await outbox.enqueue({ ...base, id: "k1", headers: {}, orderingKey: "k" });
+      const old = new Date(Date.now() - 120_000);
+      const [k1] = await outbox.claimDue(5, old);
+      assert.equal(await outbox.markDispatched(k1, old, undefined, { sequence: 7 }), true);
+      const index = async () =>
+        (await executor.query(
+          dialect === "postgres"
+            ? `SELECT 1 FROM pg_indexes WHERE indexname = '${tables.outbox}_key_settled_idx'`
+            : `SELECT 1 FROM sqlite_master WHERE name = '${tables.outbox}_key_settled_idx'`,
+          [],
+        )).length;
+      assert.equal(await index(), 0);
+      assert.deepEqual(await migrate(executor, { dialect, tables }), {
+        from: 4,
+        to: 5,
+        applied: [`trellis_sql_outbox_inbox_${dialect}_v5`],
+        reverted: [],
+        adopted: true,
+      });
+      assert.equal(await index(), 1);
+      assert.equal((await outbox.get("k1"))?.state, "dispatched");
+      assert.deepEqual((await migrate(executor, { dialect, tables, to: 4 })).reverted, [
+        `trellis_sql_outbox_inbox_${dialect}_v5`,
+      ]);
+      assert.equal(await index(), 0);
+      // Version 4's tables still work with this library (the index only makes prune's idle-key
+      // probe cheap): the key is retired all the same.
+      const pruned = await outbox.prune({ dispatchedBefore: new Date(Date.now() - 60_000) });
+      assert.equal(pruned.dispatched, 1);
+      await outbox.enqueue({ ...base, id: "k2", headers: {}, orderingKey: "k" });
+      const [k2] = await outbox.claimDue(5, new Date());
+      assert.equal(k2.keySequence, undefined);
     } finally {
       await db.close();
     }
@@ -536,8 +593,8 @@ Deno.test("postgres: concurrent migrate calls serialise on the advisory lock", a
       migrate(db.executor, { dialect: "postgres", tables: db.tables }),
       migrate(db.other, { dialect: "postgres", tables: db.tables }),
     ]);
-    assert.deepEqual(results.map((r) => r.applied.length).sort(), [0, 4]);
-    assert.deepEqual(results.map((r) => r.to), [4, 4]);
+    assert.deepEqual(results.map((r) => r.applied.length).sort(), [0, 5]);
+    assert.deepEqual(results.map((r) => r.to), [5, 5]);
   } finally {
     await db.close();
   }

@@ -18,9 +18,11 @@ import {
 } from "../mod.ts";
 import { outboxStatements } from "../src/stores/sql/dialects.ts";
 import { planGeneration } from "../src/stores/sql/plan_generations.ts";
+import { retireKeyStatements } from "../src/stores/sql/retire_keys.ts";
 import { resolveSqlOutboxTables } from "../src/stores/sql/tables.ts";
 import { postgresUrl } from "./kit/mod.ts";
 import { dropPostgresTables, uniqueTables } from "./sql/harness.ts";
+import { planNodes } from "./sql/plan.ts";
 
 const history = 50_000;
 
@@ -395,5 +397,87 @@ Deno.test("postgres: an inbox prune statement planned on an empty inbox reads on
     await sql.unsafe("DEALLOCATE ALL").catch(() => {});
     await dropPostgresTables(postgresJsExecutor(sql), tables);
     await sql.end();
+  }
+});
+
+Deno.test("postgres: prune's idle-key statements planned on empty tables probe indexes, never scan the outbox or its key table", async () => {
+  const url = await postgresUrl();
+  const sql = postgres(url, { max: 1, onnotice: () => {} });
+  const admin = postgres(url, { max: 1, onnotice: () => {} });
+  const tables = uniqueTables();
+  const o = tables.outbox;
+  const keys = `${o}_keys`;
+  let sqlOpen = true;
+  try {
+    await migrate(postgresJsExecutor(sql), { dialect: "postgres", tables });
+    await sql.unsafe(`ALTER TABLE ${o} SET (autovacuum_enabled = false)`);
+    await sql.unsafe(`ALTER TABLE ${keys} SET (autovacuum_enabled = false)`);
+    const statements = retireKeyStatements("postgres", resolveSqlOutboxTables(tables));
+    const cutoff = new Date(Date.now() - 3_600_000).toISOString();
+    // Planned while both tables are empty; after five runs Postgres keeps the generic plans.
+    await sql.unsafe(`PREPARE k(text, bigint) AS ${statements.keys}`);
+    await sql.unsafe(`PREPARE r(text, timestamptz) AS ${statements.retire}`);
+    for (let i = 0; i < 8; i++) {
+      await sql.begin(async (tx) => {
+        await tx.unsafe(`EXECUTE k('', 1000)`);
+        await tx.unsafe(`EXECUTE r('["a", "b"]', '${cutoff}')`);
+      });
+    }
+    // 20,000 keys with three dispatched messages each, two days old; every other key also has
+    // one dispatched a minute ago (not idle).
+    await sql.unsafe(
+      `INSERT INTO ${o} (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at, ordering_key, key_head)
+       SELECT 'h-' || g, 'event.publish', 'old', 'orders.old', 'x', '{}'::jsonb, 'dispatched', 1,
+              now() - interval '2 days',
+              CASE WHEN g % 6 = 0 THEN now() - interval '1 minute' ELSE now() - interval '2 days' END,
+              'k-' || lpad((g % 20000)::text, 6, '0'), false
+       FROM generate_series(1, 60000) AS g`,
+    );
+    await sql.unsafe(
+      `INSERT INTO ${keys} (ordering_key, stream_seq) SELECT 'k-' || lpad(g::text, 6, '0'), g + 1 FROM generate_series(0, 19999) AS g`,
+    );
+    const explain = async (statement: string) => {
+      const [row] = await sql.unsafe(`EXPLAIN (ANALYZE, FORMAT JSON) ${statement}`);
+      const explained = row["QUERY PLAN"];
+      return planNodes((typeof explained === "string" ? JSON.parse(explained) : explained)[0].Plan);
+    };
+    const round = await sql.begin(async (tx) => {
+      const found = await tx.unsafe(`EXECUTE k('', 1000)`);
+      const json = JSON.stringify(found.map((row) => row.ordering_key));
+      const [row] = await tx.unsafe(
+        `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE r('${json}', '${cutoff}')`,
+      );
+      const explained = row["QUERY PLAN"];
+      return {
+        found: found.length,
+        nodes: planNodes(
+          (typeof explained === "string" ? JSON.parse(explained) : explained)[0].Plan,
+        ),
+      };
+    });
+    assert.equal(round.found, 1_000);
+    const walk = await explain(`EXECUTE k('', 1000)`);
+    for (const node of [...walk, ...round.nodes]) {
+      assert.ok(
+        !(node["Node Type"] === "Seq Scan" && (node["Relation Name"] === o ||
+          node["Relation Name"] === keys)),
+        `a generic plan made on empty tables scans ${node["Relation Name"]}`,
+      );
+    }
+    await sql.unsafe("DEALLOCATE ALL");
+    await sql.end();
+    sqlOpen = false;
+    const read = await scanReads(admin, o);
+    assert.equal(read, 0, `the outbox's sequential scans read ${read} rows`);
+    // Half of the 1,000 keys were idle: deleted (and rolled back by nothing: it committed).
+    const [left] = await admin.unsafe(`SELECT count(*)::int AS n FROM ${keys}`);
+    assert.equal(left.n, 20_000 - 500);
+  } finally {
+    if (sqlOpen) {
+      await sql.unsafe("DEALLOCATE ALL").catch(() => {});
+      await sql.end();
+    }
+    await dropPostgresTables(postgresJsExecutor(admin), tables);
+    await admin.end();
   }
 });

@@ -171,7 +171,7 @@ Deno.test("postgres: prune takes any batchSize checkedBatchSize accepts (a safe 
   }
 });
 
-Deno.test("postgres: concurrent pruners delete exactly the prunable rows, never a held head", async () => {
+Deno.test("postgres: concurrent pruners delete exactly the prunable rows, never a dead head", async () => {
   const url = await postgresUrl();
   const admin = postgres(url, { max: 1, onnotice: () => {} });
   const pruners = [1_000, 10, 37].map((batchSize) => ({
@@ -218,14 +218,20 @@ Deno.test("postgres: concurrent pruners delete exactly the prunable rows, never 
       );
       const dispatched = results.reduce((sum, result) => sum + result.dispatched, 0);
       const dead = results.reduce((sum, result) => sum + result.dead, 0);
-      assert.deepEqual({ dispatched, dead }, { dispatched: 13_334, dead: 6_666 }, `round ${round}`);
+      // The 250 dispatched heads still to hand over have no next message: prune hands them over
+      // first (retire_keys.ts), and they are pruned with the rest; the dead heads stay.
+      assert.deepEqual(
+        { dispatched, dead },
+        { dispatched: 13_334 + 250, dead: 6_666 },
+        `round ${round}`,
+      );
       const left = await admin.unsafe(
         `SELECT split_part(id, '-', 2) AS kind, count(*)::int AS n FROM ${o} GROUP BY 1 ORDER BY 1`,
       );
       assert.deepEqual(
         left.map((row) => `${row.kind}:${row.n}`),
-        [`h:${500 * (round + 1)}`, `w:${300 * (round + 1)}`],
-        `round ${round}: every prunable row deleted, every held head and pending row kept`,
+        [`h:${250 * (round + 1)}`, `w:${300 * (round + 1)}`],
+        `round ${round}: every prunable row deleted, every dead head and pending row kept`,
       );
     }
   } finally {

@@ -15,6 +15,7 @@ import type {
   OutboxRepository,
 } from "../../mod.ts";
 import { fenceCases } from "./fence_cases.ts";
+import { idleKeyCases } from "./idle_key_cases.ts";
 import { orderingCases } from "./ordering_cases.ts";
 
 /** An outbox store under test: repository plus administration. */
@@ -47,6 +48,11 @@ export interface ConformanceHarness {
    * ordering keys.
    */
   keyFence?: boolean;
+  /**
+   * `false` for a store whose `prune` does not yet retire idle ordering keys; its idle-key cases
+   * are skipped. Implied `false` without the key fence.
+   */
+  idleKeys?: boolean;
   open(): Promise<ConformanceFixture>;
 }
 
@@ -54,7 +60,7 @@ export interface ConformanceHarness {
 export interface ConformanceCase {
   name: string;
   /** A capability the case needs; harnesses without it skip (ignore) the case. */
-  requires?: "corrupt" | "orderingKeys" | "keyFence";
+  requires?: "corrupt" | "orderingKeys" | "keyFence" | "idleKeys";
   run(fixture: ConformanceFixture): Promise<void>;
 }
 
@@ -887,4 +893,5 @@ export const conformanceCases: readonly ConformanceCase[] = [
   },
   ...orderingCases,
   ...fenceCases,
+  ...idleKeyCases,
 ];

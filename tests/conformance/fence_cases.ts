@@ -80,16 +80,23 @@ export const fenceCases: readonly ConformanceCase[] = [
   {
     requires: "keyFence",
     name:
-      "key fence: the key sequence outlives the key's messages (prune) and is read per key, not from history",
+      "key fence: the key sequence outlives its message's row (prune) and is read per key, not from history",
     async run({ outbox }) {
       const key = uniqueKey("long");
       const old = keyed(key);
+      const job = keyed(key);
       await outbox.enqueue(old);
+      await outbox.enqueue(job);
       const t0 = new Date();
       const claim = await claimOne(outbox, old.id, t0);
       assert.equal(await outbox.markDispatched(claim, t0, undefined, { sequence: 9 }), true);
-      // Long ago: pruned, and other keys came and went.
+      // The key stays in use after the prune's cutoff (a job: no sequence, the key keeps 9), so
+      // prune does not retire it (idle_key_cases.ts), but the row of the message is pruned.
+      const jobClaim = await claimOne(outbox, job.id, at(t0, 1));
+      assert.equal(jobClaim.keySequence, 9);
+      assert.equal(await outbox.markDispatched(jobClaim, at(t0, 70_000)), true);
       assert.equal((await outbox.prune({ dispatchedBefore: at(t0, 60_000) })).dispatched, 1);
+      assert.equal(await outbox.get(old.id), undefined);
       for (let i = 0; i < 3; i++) {
         const other = keyed(uniqueKey("other"));
         await outbox.enqueue(other);

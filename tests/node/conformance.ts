@@ -14,7 +14,10 @@ export function testConformance(harness: ConformanceHarness, skip?: string): voi
       skip: skip ?? ((testCase.requires === "corrupt" && !harness.canCorrupt) ||
         (testCase.requires === "orderingKeys" && harness.orderingKeys === false) ||
         (testCase.requires === "keyFence" &&
-          (harness.keyFence === false || harness.orderingKeys === false))),
+          (harness.keyFence === false || harness.orderingKeys === false)) ||
+        (testCase.requires === "idleKeys" &&
+          (harness.idleKeys === false || harness.keyFence === false ||
+            harness.orderingKeys === false))),
     }, async () => {
       const fixture = await harness.open();
       try {

@@ -104,6 +104,11 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
    * `keySequence`), kept after the key's messages are settled or pruned.
    */
   #keySequences = new Map<string, number>();
+  /**
+   * Per ordering key: when its last message was dispatched (ISO). With `#keySequences`, the
+   * per-key state `prune` retires once the key is idle (see `#retireIdleKeys`).
+   */
+  #keySettledAt = new Map<string, string>();
   #seq = 0;
   readonly #maxPayloadBytes: number;
 
@@ -270,7 +275,25 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
         await Promise.resolve();
       }
     }
+    if (options.dispatchedBefore && !options.dryRun) {
+      this.#retireIdleKeys(options.dispatchedBefore.toISOString());
+    }
     return result;
+  }
+
+  /**
+   * Forgets the per-key state of the keys idle since `cutoff`: no unsettled message (no head,
+   * so nothing waits either; a dead head that blocks its key keeps it) and none dispatched at or
+   * after `cutoff`. The key's next message is then its first (published without the fence).
+   */
+  #retireIdleKeys(cutoff: string): void {
+    for (const [key, settledAt] of this.#keySettledAt) {
+      if (settledAt >= cutoff || this.#keys.has(key)) continue;
+      this.#keySettledAt.delete(key);
+      this.#keySequences.delete(key);
+    }
+    // A key whose messages went dead and were never dispatched has no settle time: it keeps no
+    // sequence (a dead mark drops it), so there is nothing else to forget.
   }
 
   /** Counts per state and the backlog at `now`. */
@@ -485,8 +508,11 @@ export class MemoryOutboxRepository implements OutboxRepository, OutboxAdmin {
         delete message.nextAttemptAt;
         delete message.lastError;
         if (mark.outcome !== undefined) message.outcome = mark.outcome; // a fresh copy (storableMark)
-        if (mark.sequence !== undefined && message.orderingKey !== undefined) {
-          this.#keySequences.set(message.orderingKey, mark.sequence);
+        if (message.orderingKey !== undefined) {
+          if (mark.sequence !== undefined) {
+            this.#keySequences.set(message.orderingKey, mark.sequence);
+          }
+          this.#keySettledAt.set(message.orderingKey, nowIso);
         }
         this.#move(entry!, this.#dispatched);
         this.#leaveKey(entry!);

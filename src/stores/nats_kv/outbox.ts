@@ -69,6 +69,7 @@ import { isWrongLastSequence, NatsKvOrderingKeyError } from "./errors.ts";
 import {
   decodeToken,
   keyEntryKey,
+  keyEntryPrefix,
   markerKeyOf,
   outboxRecordKey,
   recordPrefix,
@@ -559,7 +560,44 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         options.onProgress?.({ ...result });
       }
     }
+    if (dispatchedBefore !== undefined && !options.dryRun) {
+      await this.#retireIdleKeys(dispatchedBefore, batchSize, purge);
+    }
     return result;
+  }
+
+  /**
+   * Removes the entries of ordering keys idle since `cutoff`: an entry that names no head (its
+   * last message was settled and handed over to nobody) whose settle time (`KeyEntry.t`, else
+   * the entry's write time: every join and hand-over rewrites it) is before `cutoff`. Each
+   * removal is conditional on the revision the scan read (as the records' removals are): a join
+   * that wrote the entry since keeps it; a join that lands after the removal finds no entry (its
+   * compare-and-set on the old revision fails), reads again and creates the head. The key's next
+   * message is then its first: no `keySequence` (published without the broker fence).
+   */
+  async #retireIdleKeys(
+    cutoff: string,
+    batchSize: number,
+    purge: ReturnType<typeof rawPurger>,
+  ): Promise<number> {
+    const codec = await recordCodec();
+    const idle: KvEntry[] = [];
+    await scanLatest(this.#kv, `${keyEntryPrefix}.>`, (entry) => {
+      if (entry.operation !== "PUT") return;
+      const value = codec.decodeKeyEntry(entry.value);
+      if (value === undefined || value.head !== undefined) return;
+      if ((value.t ?? entry.created.toISOString()) < cutoff) idle.push(entry);
+    });
+    let retired = 0;
+    for (let start = 0; start < idle.length; start += batchSize) {
+      const done = await mapInFlight(
+        idle.slice(start, start + batchSize),
+        removalsInFlight,
+        (entry) => removeIfUnchanged(this.#kv, purge, entry.key, entry.revision),
+      );
+      retired += done.filter(Boolean).length;
+    }
+    return retired;
   }
 
   /**
@@ -678,7 +716,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       // Skipped already, by a concurrent call (read after its record write, before its
       // hand-over) or by an earlier attempt whose reply was lost: that one applied. Finish its
       // hand-over (a no-op once done); this call changes nothing.
-      await this.#handOver(valid, headId, null);
+      await this.#handOver(valid, headId, null, undefined, now.toISOString());
       return false;
     }
     // The skip is written into the dead record first (a compare-and-set on the revision read
@@ -697,7 +735,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       if (isWrongLastSequence(error)) return false; // retried, or skipped by another call
       throw error;
     }
-    await this.#handOver(valid, headId, null);
+    await this.#handOver(valid, headId, null, undefined, now.toISOString());
     return true;
   }
 
@@ -1237,7 +1275,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   async #release(recordKey: string, record: StoredOutboxRecord, revision: number): Promise<void> {
     if (record.orderingKey !== undefined) {
       try {
-        await this.#handOver(record.orderingKey, record.id, record.sequence, { revision });
+        await this.#handOver(
+          record.orderingKey,
+          record.id,
+          record.sequence,
+          { revision },
+          record.updatedAt,
+        );
       } catch {
         // The write may have applied with its reply lost: the key entry says.
         const handedOver = await this.#readKey(record.orderingKey).then(
@@ -1420,9 +1464,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       const value: KeyEntry = state.value?.head !== undefined
         ? state.value
         : { v: 1, key, head: id, ...pick(state.value?.seq) };
+      // With no entry (revision 0) after a write that lost, the entry was removed meanwhile (prune
+      // retired the key as idle): the message may have been settled by others first as well.
       if (
-        value.head === id && state.revision > 0 &&
-        (markerRevision === undefined || state.revision > markerRevision)
+        value.head === id &&
+        (state.revision > 0
+          ? markerRevision === undefined || state.revision > markerRevision
+          : fresh || markerRevision === undefined)
       ) {
         const read = await this.#read(id);
         if (!read?.ok || read.record.state === "dispatched" || read.record.state === "dead") return;
@@ -1460,6 +1508,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     from: string,
     sequence?: number | null,
     settled?: Settled,
+    settledAt?: string,
   ): Promise<boolean> {
     let state = await this.#knownKey(key);
     let fresh = false;
@@ -1481,7 +1530,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       if (next?.id !== undefined) {
         value.head = next.id;
         value.at = state.revision;
-      }
+      } else value.t = settledAt ?? new Date().toISOString();
       try {
         await this.#requests.update(state.entryKey, encodeJson(value), state.revision);
         return true;

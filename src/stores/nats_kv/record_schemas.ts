@@ -88,6 +88,8 @@ export const KeyEntrySchema = Type.Object({
   seq: Type.Optional(Type.Integer({ minimum: 1 })),
   /** The entry revision the hand-over that named the head read (see `KeyEntry.at`). */
   at: Type.Optional(Type.Integer({ minimum: 1 })),
+  /** When the key's last message was settled, on an entry without a head (see `KeyEntry.t`). */
+  t: Type.Optional(Type.String()),
 });
 
 /** Schema of an inbox entry (`i.<consumer token>.<id token>`). */

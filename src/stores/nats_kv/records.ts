@@ -80,6 +80,12 @@ export interface KeyEntry {
    * settlement may be picked as next; its record then tells it apart).
    */
   at?: number;
+  /**
+   * When the key's last message was settled (the dispatched mark's or the skip's `now`), written
+   * by a hand-over that leaves the key without a head: `prune` retires the entry once this is
+   * before its `dispatchedBefore`. Entries written without it fall back to their write time.
+   */
+  t?: string;
 }
 
 /** An inbox entry. */

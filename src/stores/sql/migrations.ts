@@ -9,7 +9,8 @@
  * inbox consumer scope (primary key `(consumer, message_id)`). The `dead` state needs no DDL
  * (there is no state constraint); version 2's indexes leave dead rows out of claims. Version 3
  * (`schema_v3.ts`) adds the claim token, ordering keys and the indexes of the flat-cost claim, in
- * place. Version 4 (`schema_v4.ts`) adds the key fence's table (`<outbox>_keys`).
+ * place. Version 4 (`schema_v4.ts`) adds the key fence's table (`<outbox>_keys`). Version 5
+ * (`schema_v5.ts`) adds the index `prune` retires idle ordering keys with.
  *
  * @module
  */
@@ -28,12 +29,14 @@ import {
   schemaV1Down,
   schemaV2Fresh,
   schemaV3Fresh,
+  schemaV4Fresh,
   sqliteInboxTable,
   sqliteOutboxTable,
 } from "./schema.ts";
 import { createPostgresOutboxSchema, createSqliteOutboxSchema } from "./schema.ts";
 import { schemaV3Down, schemaV3Up } from "./schema_v3.ts";
 import { keySequencesTable, schemaV4Down, schemaV4Up } from "./schema_v4.ts";
+import { keySettledIndex, schemaV5Down, schemaV5Up } from "./schema_v5.ts";
 import {
   checkDialect,
   type ResolvedSqlOutboxTables,
@@ -114,6 +117,7 @@ export function getSqlOutboxMigrations(
     ),
     artifact(dialect, 3, schemaV3Up(dialect, t), schemaV3Down(dialect, t)),
     artifact(dialect, 4, schemaV4Up(dialect, t), schemaV4Down(dialect, t)),
+    artifact(dialect, 5, schemaV5Up(dialect, t), schemaV5Down(dialect, t)),
   ]);
 }
 
@@ -322,7 +326,7 @@ export interface MigrateResult {
  * import { DatabaseSync } from "node:sqlite";
  * import { migrate, nodeSqliteExecutor } from "@outbox/nats";
  * const result = await migrate(nodeSqliteExecutor(new DatabaseSync(":memory:")), { dialect: "sqlite" });
- * console.log(result.from, "->", result.to); // 0 -> 4
+ * console.log(result.from, "->", result.to); // 0 -> 5
  * ```
  */
 export async function migrate(
@@ -417,6 +421,8 @@ async function migrateLocked(
         ? schemaV2Fresh(dialect, t)
         : shape === 3
         ? schemaV3Fresh(dialect, t)
+        : shape === 4
+        ? schemaV4Fresh(dialect, t)
         : dialect === "postgres"
         ? createPostgresOutboxSchema(t)
         : createSqliteOutboxSchema(t);
@@ -470,7 +476,16 @@ async function detectShape(
   if (same(outbox, outboxColumnsV1) && same(inbox, inboxColumnsV1)) return 1;
   if (same(outbox, outboxColumnsV2) && same(inbox, inboxColumnsV2)) return 2;
   if (same(outbox, outboxColumnsV3) && same(inbox, inboxColumnsV3)) {
-    return (await columnsOf(keySequencesTable(t))).length > 0 ? 4 : 3;
+    if ((await columnsOf(keySequencesTable(t))).length === 0) return 3;
+    // Version 5 adds an index only.
+    const index = dialect === "postgres"
+      ? await tx.query("SELECT to_regclass($1) IS NOT NULL AS found", [keySettledIndex(t)])
+      : await tx.query(
+        "SELECT 1 AS found FROM sqlite_master WHERE type = 'index' AND name = ?1",
+        [keySettledIndex(t)],
+      );
+    const found = index[0]?.found;
+    return found === true || found === 1 || found === 1n ? 5 : 4;
   }
   throw new OutboxMigrationError(
     "unrecognised",

@@ -53,6 +53,7 @@ import { type ClaimWrite, decodeOutboxRow, decodeOutboxRowLoosely, integer } fro
 import { type OutboxStatements, outboxStatements, sqliteClaimColumns } from "./dialects.ts";
 import { PlannedStatements } from "./plan_generations.ts";
 import { pruneBatch } from "./prune_batches.ts";
+import { retireIdleKeys, retireKeyStatements } from "./retire_keys.ts";
 import type { SqlExecutor, SqlRow } from "./executors.ts";
 import { outboxColumnsV3 } from "./schema.ts";
 import { withSchemaErrors } from "./schema_errors.ts";
@@ -291,7 +292,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       : truthy((await this.executor.query(this.#sql.staleHeads, []))[0]?.stale);
     if (stale) {
       try {
-        const promoted = await this.#handOver(null);
+        const { promoted } = await this.#handOver(null);
         if (promoted > 0 && rows.length < max) {
           rows = rows.concat(
             await this.executor.query(this.#sql.claim, [nowIso, lease, max - rows.length, token]),
@@ -469,10 +470,31 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   /**
    * Deletes old dispatched / dead messages, `batchSize` rows per statement. Postgres: a row
    * another transaction holds just then is skipped, never waited for (a later run deletes it).
+   * With `dispatchedBefore` (and not `dryRun`) it first hands over dispatched heads whose
+   * hand-over is still to do (as a claim would), so they are pruned like any dispatched row, and
+   * last retires the ordering keys idle since the cutoff (retire_keys.ts): their key fence rows.
    */
   async prune(options: OutboxPruneOptions): Promise<OutboxPruneResult> {
     const batchSize = checkedBatchSize(options.batchSize);
     const result: OutboxPruneResult = { dispatched: 0, dead: 0 };
+    // Postgres needs transactions for both steps (their locks must last until they commit); an
+    // executor without transaction() (a hand-written one) prunes rows only, as before.
+    const retireBefore = options.dispatchedBefore !== undefined && !options.dryRun &&
+        (this.dialect === "sqlite" || typeof this.executor.transaction === "function")
+      ? checkedDate(options.dispatchedBefore, "dispatchedBefore")
+      : undefined;
+    if (retireBefore !== undefined) {
+      // Without a claimer running, nothing else would hand these over. A failure leaves them
+      // to the next claim or prune, as a failed hand-over after a mark does.
+      try {
+        while (truthy((await this.executor.query(this.#sql.staleHeads, []))[0]?.stale)) {
+          const round = await this.#handOver(null);
+          if (round.released === 0 || round.held < handOverBatch) break;
+        }
+      } catch {
+        // see above
+      }
+    }
     const plan: Array<["dispatched" | "dead", Date | undefined]> = [
       ["dispatched", options.dispatchedBefore],
       ["dead", options.deadBefore],
@@ -499,6 +521,15 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
         if (deleted > 0) options.onProgress?.({ ...result });
         if (last) break;
       }
+    }
+    if (retireBefore !== undefined) {
+      await retireIdleKeys(
+        this.dialect,
+        retireKeyStatements(this.dialect, this.tables),
+        (work) => this.#inTransaction(work),
+        retireBefore,
+        batchSize,
+      );
     }
     return result;
   }
@@ -593,21 +624,24 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
    * (`keyLocks`: held shared by every keyed enqueue in flight); the hand-over's statement then
    * hands each head to a visible next message, and leaves a key without a head only when its
    * key lock was taken, so no enqueue still in flight is missed. Resolves with the number of
-   * messages that became heads.
+   * heads it found (`held`), handed over (`released`) and of messages that became heads
+   * (`promoted`).
    */
-  #handOver(ids: readonly string[] | null): Promise<number> {
+  #handOver(
+    ids: readonly string[] | null,
+  ): Promise<{ held: number; released: number; promoted: number }> {
     return this.#inTransaction(async (db) => {
       const held = await db.query(this.#sql.heldStale, [
         ids === null ? null : JSON.stringify(ids),
         ids?.length ?? handOverBatch,
       ]);
-      if (held.length === 0) return 0;
+      if (held.length === 0) return { held: 0, released: 0, promoted: 0 };
       // Postgres: a head may leave its key without a head only under the key lock, taken before
       // the statement that looks for its next row.
       const free = this.dialect === "postgres"
         ? await db.query(this.#sql.keyLocks, [JSON.stringify(held.map((row) => row.id))])
         : held;
-      return (await this.#release(db, held, free)).promoted;
+      return { held: held.length, ...await this.#release(db, held, free) };
     });
   }
 

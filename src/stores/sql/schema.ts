@@ -7,6 +7,7 @@
 
 import { indexesV3, outboxColumnsAddedInV3, withV3Columns } from "./schema_v3.ts";
 import { keySequencesTableSql } from "./schema_v4.ts";
+import { keySettledIndexSql } from "./schema_v5.ts";
 import {
   type ResolvedSqlOutboxTables,
   resolveSqlOutboxTables,
@@ -135,15 +136,20 @@ export function schemaV3Fresh(dialect: SqlDialect, t: ResolvedSqlOutboxTables): 
   ];
 }
 
-function currentSchema(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
+/** The version 4 schema as idempotent statements (to complete an adopted version 4 database). */
+export function schemaV4Fresh(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
   return [...schemaV3Fresh(dialect, t), keySequencesTableSql(dialect, t, true)];
 }
 
+function currentSchema(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
+  return [...schemaV4Fresh(dialect, t), keySettledIndexSql(dialect, t)];
+}
+
 /**
- * The current SQLite schema (version 4) for a FRESH database, as idempotent statements
+ * The current SQLite schema (version 5) for a FRESH database, as idempotent statements
  * (`CREATE ... IF NOT EXISTS`). It does not upgrade an existing version 1 database: use
  * `migrate()` (or the artifacts of `getSqlOutboxMigrations()`) for that. `migrate()` recognises
- * a database created by these statements as version 4.
+ * a database created by these statements as version 5.
  *
  * @example
  * ```ts
@@ -158,10 +164,10 @@ export function createSqliteOutboxSchema(tables?: SqlOutboxTables): string[] {
 }
 
 /**
- * The current Postgres schema (version 4) for a FRESH database, as idempotent statements
+ * The current Postgres schema (version 5) for a FRESH database, as idempotent statements
  * (`CREATE ... IF NOT EXISTS`). It does not upgrade an existing version 1 database: use
  * `migrate()` (or the artifacts of `getSqlOutboxMigrations()`) for that. `migrate()` recognises
- * a database created by these statements as version 4.
+ * a database created by these statements as version 5.
  *
  * @example
  * ```ts

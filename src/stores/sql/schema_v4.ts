@@ -4,9 +4,10 @@
  * key's last message was stored (`stream_seq`), as recorded by the `sequence` of the dispatched
  * mark that settled it. A claim reads it per claimed keyed row through the primary key (the
  * message's `keySequence`), so it costs the same however long ago the key's previous message
- * was dispatched, and it survives `prune`. A `dead` mark of a keyed message deletes its key's
+ * was dispatched. A `dead` mark of a keyed message deletes its key's
  * row (the key's next publish goes out without a fence). One row per key that had a message
- * dispatched with a sequence; rows are small and are not pruned.
+ * dispatched with a sequence; `prune` deletes the rows of keys idle since its cutoff
+ * (retire_keys.ts).
  *
  * @module
  */
