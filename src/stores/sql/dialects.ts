@@ -207,31 +207,33 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   // table was small hashed the keys against a sequential scan of every row, on every keyed
   // enqueueMany of a producer (whose statements plan generations never reach: it never claims).
   //
-  // Lock order: every lock and unique index entry a batch takes, it takes in one order that
-  // does not depend on the batch's order: its keys' locks and heads in key order (`keys`), its
-  // rows in (key, id) order. Rows inserted in batch order, two batches that gave two new keys
-  // their heads in opposite orders each waited for the other's uncommitted entry in the unique
-  // key_head_idx: a deadlock, which aborted a producer's transaction
-  // (tests/sql_enqueue_lock_order_test.ts). Rows in key order, two batches wait for each other's
-  // entries only at their first key in common, which the first to get there holds. (A key's
-  // rows in id order: two batches with ids in common, as a retry racing its first attempt, take
-  // their primary key entries in one order too.) The claim order stays the batch's: the rows
-  // are numbered (`seq`, from the column's identity sequence, as its default does) in batch
-  // order first, then inserted in lock order with those numbers. `COLLATE "C"`: byte order,
-  // the cheapest order to sort by; any order taken by every batch would do.
+  // Lock order: every key lock, head lock and head index entry a batch takes, it takes in one
+  // order that does not depend on the batch's order: key order (`batch_keys`; rows sorted by
+  // key). Rows inserted in batch order, two batches that gave two new keys their heads in
+  // opposite orders each waited for the other's uncommitted entry in the unique key_head_idx: a
+  // deadlock, which aborted a producer's transaction (tests/sql_enqueue_lock_order_test.ts). Rows
+  // in key order, two batches wait for each other's entries only at their first new key in
+  // common, which the first to get there holds. The claim order stays the batch's: the rows are
+  // numbered (`seq`, from the column's identity sequence, as its default does) in batch order
+  // first, then inserted in key order with those numbers; a key's rows, and the unkeyed rows
+  // (after the keyed ones), go in batch order, so an unkeyed batch is inserted as before, in
+  // `seq` order. (Primary key entries are taken in that order too: two concurrent batches that
+  // store the same ids in opposite orders, not only as heads, can still wait for each other.)
+  // `COLLATE "C"`: byte order, the cheapest to sort by; any order every batch takes would do.
+  // The batch is parsed once (`json_to_recordset`), not once per field read.
   const batchKeys =
     `batch_keys AS (SELECT k FROM input WHERE k IS NOT NULL GROUP BY k ORDER BY k COLLATE "C")`;
   const batch =
-    `input AS (SELECT r.v, r.ord, r.v->>'orderingKey' AS k FROM json_array_elements($1::text::json) WITH ORDINALITY AS r(v, ord)), ${batchKeys}, lk AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(${
+    `input AS (SELECT r.* FROM ROWS FROM (json_to_recordset($1::text::json) AS (id text, kind text, name text, subject text, payload text, headers text, "orderingKey" text)) WITH ORDINALITY AS r(id, kind, name, subject, payload, headers, k, ord)), ${batchKeys}, lk AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(${
       keyLockArgs("d.k")
-    }) FROM batch_keys AS d), heads AS (SELECT h.ordering_key FROM batch_keys AS d CROSS JOIN LATERAL (SELECT ordering_key FROM ${o} WHERE (SELECT count(*) FROM lk) >= 0 AND key_head AND ordering_key IS NOT NULL AND ordering_key = d.k LIMIT 1 FOR KEY SHARE) AS h), firsts AS (SELECT min(ord) AS ord FROM input WHERE k IS NOT NULL GROUP BY k), batch_rows AS (SELECT i.v, i.ord, i.k, (i.k IS NULL OR (i.k NOT IN (SELECT ordering_key FROM heads) AND i.ord IN (SELECT ord FROM firsts))) AS head FROM input AS i)`;
+    }) FROM batch_keys AS d), heads AS (SELECT h.ordering_key FROM batch_keys AS d CROSS JOIN LATERAL (SELECT ordering_key FROM ${o} WHERE (SELECT count(*) FROM lk) >= 0 AND key_head AND ordering_key IS NOT NULL AND ordering_key = d.k LIMIT 1 FOR KEY SHARE) AS h), firsts AS (SELECT min(ord) AS ord FROM input WHERE k IS NOT NULL GROUP BY k), batch_rows AS (SELECT i.*, (i.k IS NULL OR (i.k NOT IN (SELECT ordering_key FROM heads) AND i.ord IN (SELECT ord FROM firsts))) AS head FROM input AS i)`;
   // Followers of a row that would become a new head are held back (a new head may lose to a
   // concurrent one and be inserted again later, after them); they go in the next round. `n`
   // numbers the rows in batch order (it reads them from a subquery sorted by `ord`; neither is
   // flattened into the INSERT's query, one for its ORDER BY, the other for its volatile
   // nextval), then the INSERT sorts them into lock order.
   const batchInsert =
-    `INSERT INTO ${o} AS t (seq, ${insertColumns}) SELECT seq, v->>'id', v->>'kind', v->>'name', v->>'subject', v->>'payload', (v->>'headers')::jsonb, 'pending', 0, $2::timestamptz, $2::timestamptz, k, head FROM (SELECT nextval((SELECT pg_get_serial_sequence('${o}', 'seq')::regclass)) AS seq, b.* FROM (SELECT v, k, head FROM batch_rows WHERE NOT EXISTS (SELECT 1 FROM ${o} AS x JOIN input AS i ON x.id = i.v->>'id') AND (head OR k IN (SELECT ordering_key FROM heads)) ORDER BY ord) AS b) AS n ORDER BY k COLLATE "C", v->>'id' COLLATE "C" ON CONFLICT DO NOTHING RETURNING ${columns}`;
+    `INSERT INTO ${o} AS t (seq, ${insertColumns}) SELECT seq, id, kind, name, subject, payload, headers::jsonb, 'pending', 0, $2::timestamptz, $2::timestamptz, k, head FROM (SELECT nextval((SELECT pg_get_serial_sequence('${o}', 'seq')::regclass)) AS seq, b.* FROM (SELECT id, kind, name, subject, payload, headers, k, head FROM batch_rows WHERE NOT EXISTS (SELECT 1 FROM ${o} AS x JOIN input AS i ON x.id = i.id) AND (head OR k IN (SELECT ordering_key FROM heads)) ORDER BY ord) AS b) AS n ORDER BY k COLLATE "C", seq ON CONFLICT DO NOTHING RETURNING ${columns}`;
   // markMany: the fence is written `state || '' = 'claimed'` on purpose. A plain `state =
   // 'claimed'` lets the planner prove the partial claim index usable and, misled by its estimate
   // of claimed rows, scan every active row for a hash join; the batch must instead probe the
