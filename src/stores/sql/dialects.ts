@@ -219,12 +219,13 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   // opposite orders each waited for the other's uncommitted entry in the unique key_head_idx: a
   // deadlock, which aborted a producer's transaction (tests/sql_enqueue_lock_order_test.ts). Rows
   // in key order, two batches wait for each other's entries only at their first new key in
-  // common, which the first to get there holds. The claim order stays the batch's: the rows are
-  // numbered (`seq`, from the column's identity sequence, as its default does) in batch order
-  // first, then inserted in key order with those numbers; a key's rows, and the unkeyed rows
-  // (after the keyed ones), go in batch order, so an unkeyed batch is inserted as before, in
-  // `seq` order. (Primary key entries are taken in that order too: two concurrent batches that
-  // store the same ids in opposite orders, not only as heads, can still wait for each other.)
+  // common, which the first to get there holds. So the rows number themselves (`seq`, the
+  // column's default) in key order, then batch order within a key, the unkeyed rows last: each
+  // key keeps its messages' order, and messages of different keys in one batch, which have no
+  // order between them, are claimed in key order. (Numbering them in batch order first would
+  // need `nextval` on the identity sequence, a grant a producer role may not have. Primary key
+  // entries are taken in that order too: two concurrent batches that store the same ids in
+  // opposite orders can still wait for each other.)
   // `COLLATE "C"`: byte order, the cheapest to sort by; any order every batch takes would do.
   // The batch is parsed once (`json_to_recordset`), not once per field read.
   const batchKeys =
@@ -234,12 +235,9 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
       keyLockArgs("d.k")
     }) FROM batch_keys AS d), heads AS (SELECT h.ordering_key FROM batch_keys AS d CROSS JOIN LATERAL (SELECT ordering_key FROM ${o} WHERE (SELECT count(*) FROM lk) >= 0 AND key_head AND ordering_key IS NOT NULL AND ordering_key = d.k LIMIT 1 FOR KEY SHARE) AS h), firsts AS (SELECT min(ord) AS ord FROM input WHERE k IS NOT NULL GROUP BY k), batch_rows AS (SELECT i.*, (i.k IS NULL OR (i.k NOT IN (SELECT ordering_key FROM heads) AND i.ord IN (SELECT ord FROM firsts))) AS head FROM input AS i)`;
   // Followers of a row that would become a new head are held back (a new head may lose to a
-  // concurrent one and be inserted again later, after them); they go in the next round. `n`
-  // numbers the rows in batch order (it reads them from a subquery sorted by `ord`; neither is
-  // flattened into the INSERT's query, one for its ORDER BY, the other for its volatile
-  // nextval), then the INSERT sorts them into lock order.
+  // concurrent one and be inserted again later, after them); they go in the next round.
   const batchInsert =
-    `INSERT INTO ${o} AS t (seq, ${insertColumns}) SELECT seq, id, kind, name, subject, payload, headers::jsonb, 'pending', 0, $2::timestamptz, $2::timestamptz, k, head FROM (SELECT nextval((SELECT pg_get_serial_sequence('${o}', 'seq')::regclass)) AS seq, b.* FROM (SELECT id, kind, name, subject, payload, headers, k, head FROM batch_rows WHERE NOT EXISTS (SELECT 1 FROM ${o} AS x JOIN input AS i ON x.id = i.id) AND (head OR k IN (SELECT ordering_key FROM heads)) ORDER BY ord) AS b) AS n ORDER BY k COLLATE "C", seq ON CONFLICT DO NOTHING RETURNING ${columns}`;
+    `INSERT INTO ${o} AS t (${insertColumns}) SELECT id, kind, name, subject, payload, headers::jsonb, 'pending', 0, $2::timestamptz, $2::timestamptz, k, head FROM batch_rows WHERE NOT EXISTS (SELECT 1 FROM ${o} AS x JOIN input AS i ON x.id = i.id) AND (head OR k IN (SELECT ordering_key FROM heads)) ORDER BY k COLLATE "C" NULLS LAST, ord ON CONFLICT DO NOTHING RETURNING ${columns}`;
   // A batch without keys takes no key lock, head lock or head entry: its rows go in batch
   // order, read from the batch as they are inserted. (Numbered and sorted as a keyed batch is,
   // 1,000-row batches cost more backend CPU than this.)
