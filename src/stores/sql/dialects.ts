@@ -30,6 +30,12 @@ export interface OutboxStatements {
    * batch is held back (not inserted): insert it again once the first is in.
    */
   insertMany: string;
+  /**
+   * `insertMany` for a batch without ordering keys (same parameters and result). Postgres: its
+   * rows inserted in batch order (no key to order by), as a single pass over the batch; SQLite:
+   * the same text as `insertMany`.
+   */
+  insertManyUnkeyed: string;
   /** $1 id */
   get: string;
   /** $1 JSON array of ids */
@@ -208,14 +214,39 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   // subquery from being flattened): as `ordering_key IN (...)`, the generic plan made while the
   // table was small hashed the keys against a sequential scan of every row, on every keyed
   // enqueueMany of a producer (whose statements plan generations never reach: it never claims).
+  //
+  // Lock order: every key lock, head lock and head index entry a batch takes, it takes in one
+  // order that does not depend on the batch's order: key order (`batch_keys`; rows sorted by
+  // key). Rows inserted in batch order, two batches that gave two new keys their heads in
+  // opposite orders each waited for the other's uncommitted entry in the unique key_head_idx: a
+  // deadlock, which aborted a producer's transaction (tests/sql_enqueue_lock_order_test.ts). Rows
+  // in key order, two batches wait for each other's entries only at their first new key in
+  // common, which the first to get there holds. So the rows number themselves (`seq`, the
+  // column's default) in key order, then batch order within a key, the unkeyed rows last: each
+  // key keeps its messages' order, and messages of different keys in one batch, which have no
+  // order between them, are claimed in key order. (Numbering them in batch order first would
+  // need `nextval` on the identity sequence, a grant a producer role may not have. Primary key
+  // entries are taken in that order too: two concurrent batches that store the same ids in
+  // opposite orders can still wait for each other.)
+  // `COLLATE "C"`: byte order, the cheapest to sort by; any order every batch takes would do.
+  // The batch is parsed once (`json_to_recordset`), not once per field read.
+  const batchKeys =
+    `batch_keys AS (SELECT k FROM input WHERE k IS NOT NULL GROUP BY k ORDER BY k COLLATE "C")`;
   const batch =
-    `input AS (SELECT r.v, r.ord, r.v->>'orderingKey' AS k FROM json_array_elements($1::text::json) WITH ORDINALITY AS r(v, ord)), lk AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(${
+    `input AS (SELECT r.* FROM ROWS FROM (json_to_recordset($1::text::json) AS (id text, kind text, name text, subject text, payload text, headers text, "orderingKey" text)) WITH ORDINALITY AS r(id, kind, name, subject, payload, headers, k, ord)), ${batchKeys}, lk AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(${
       keyLockArgs("d.k")
-    }) FROM (SELECT DISTINCT k FROM input WHERE k IS NOT NULL) AS d), heads AS (SELECT h.ordering_key FROM (SELECT DISTINCT k FROM input WHERE k IS NOT NULL) AS d CROSS JOIN LATERAL (SELECT ordering_key FROM ${o} WHERE (SELECT count(*) FROM lk) >= 0 AND key_head AND ordering_key IS NOT NULL AND ordering_key = d.k LIMIT 1 FOR KEY SHARE) AS h), firsts AS (SELECT min(ord) AS ord FROM input WHERE k IS NOT NULL GROUP BY k), batch_rows AS (SELECT i.v, i.ord, i.k, (i.k IS NULL OR (i.k NOT IN (SELECT ordering_key FROM heads) AND i.ord IN (SELECT ord FROM firsts))) AS head FROM input AS i)`;
+    }) FROM batch_keys AS d), heads AS (SELECT h.ordering_key FROM batch_keys AS d CROSS JOIN LATERAL (SELECT ordering_key FROM ${o} WHERE (SELECT count(*) FROM lk) >= 0 AND key_head AND ordering_key IS NOT NULL AND ordering_key = d.k LIMIT 1 FOR KEY SHARE) AS h), firsts AS (SELECT min(ord) AS ord FROM input WHERE k IS NOT NULL GROUP BY k), batch_rows AS (SELECT i.*, (i.k IS NULL OR (i.k NOT IN (SELECT ordering_key FROM heads) AND i.ord IN (SELECT ord FROM firsts))) AS head FROM input AS i)`;
   // Followers of a row that would become a new head are held back (a new head may lose to a
   // concurrent one and be inserted again later, after them); they go in the next round.
   const batchInsert =
-    `INSERT INTO ${o} AS t (${insertColumns}) SELECT v->>'id', v->>'kind', v->>'name', v->>'subject', v->>'payload', (v->>'headers')::jsonb, 'pending', 0, $2::timestamptz, $2::timestamptz, k, head FROM batch_rows WHERE NOT EXISTS (SELECT 1 FROM ${o} AS x JOIN input AS i ON x.id = i.v->>'id') AND (head OR k IN (SELECT ordering_key FROM heads)) ORDER BY ord ON CONFLICT DO NOTHING RETURNING ${columns}`;
+    `INSERT INTO ${o} AS t (${insertColumns}) SELECT id, kind, name, subject, payload, headers::jsonb, 'pending', 0, $2::timestamptz, $2::timestamptz, k, head FROM batch_rows WHERE NOT EXISTS (SELECT 1 FROM ${o} AS x JOIN input AS i ON x.id = i.id) AND (head OR k IN (SELECT ordering_key FROM heads)) ORDER BY k COLLATE "C" NULLS LAST, ord ON CONFLICT DO NOTHING RETURNING ${columns}`;
+  // A batch without keys takes no key lock, head lock or head entry: its rows go in batch
+  // order, read from the batch as they are inserted. (Numbered and sorted as a keyed batch is,
+  // 1,000-row batches cost more backend CPU than this.)
+  const unkeyedInput =
+    "input AS (SELECT r.v, r.ord FROM json_array_elements($1::text::json) WITH ORDINALITY AS r(v, ord))";
+  const unkeyedInsert =
+    `INSERT INTO ${o} AS t (${insertColumns}) SELECT v->>'id', v->>'kind', v->>'name', v->>'subject', v->>'payload', (v->>'headers')::jsonb, 'pending', 0, $2::timestamptz, $2::timestamptz, NULL, true FROM input WHERE NOT EXISTS (SELECT 1 FROM ${o} AS x JOIN input AS i ON x.id = i.v->>'id') ORDER BY ord ON CONFLICT DO NOTHING RETURNING ${columns}`;
   // markMany: the fence is written `state || '' = 'claimed'` on purpose. A plain `state =
   // 'claimed'` lets the planner prove the partial claim index usable and, misled by its estimate
   // of claimed rows, scan every active row for a hash join; the batch must instead probe the
@@ -258,6 +289,7 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
       "$9",
     ),
     insertMany: withNotify(batch, batchInsert, "$3"),
+    insertManyUnkeyed: withNotify(unkeyedInput, unkeyedInsert, "$3"),
     get: `SELECT ${columns} FROM ${o} AS t WHERE t.id = $1`,
     // One primary-key probe per id (LIMIT 1 keeps the subquery from being flattened into a
     // join): as `t.id IN (...)`, the generic plan made while the table was small hashed the ids
@@ -417,21 +449,22 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
   } AS state, ${
     field("sequence")
   } AS sequence FROM json_each(?1)) AS m ON t.id = m.id WHERE t.ordering_key IS NOT NULL AND t.state = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token AND t.attempts = m.attempts END)`;
+  // `r` is the batch row; its first row per key becomes the key's head when it has none. One
+  // writer: the batch goes in in its order, keyed or not.
+  const insertMany = `INSERT INTO ${o} (${insertColumns}) SELECT ${rf("id")}, ${rf("kind")}, ${
+    rf("name")
+  }, ${rf("subject")}, ${rf("payload")}, ${rf("headers")}, 'pending', 0, ?2, ?2, ${
+    rf("orderingKey")
+  }, ${rf("orderingKey")} IS NULL OR (NOT EXISTS (SELECT 1 FROM ${o} AS h WHERE h.ordering_key = ${
+    rf("orderingKey")
+  } AND h.key_head) AND r.key = (SELECT min(j.key) FROM json_each(?1) AS j WHERE json_extract(j.value, '$.orderingKey') = ${
+    rf("orderingKey")
+  })) FROM json_each(?1) AS r WHERE NOT EXISTS (SELECT 1 FROM json_each(?1) AS j JOIN ${o} AS x ON x.id = json_extract(j.value, '$.id')) ORDER BY r.key ON CONFLICT (id) DO NOTHING RETURNING ${columns}`;
   return {
     insertOne:
       `INSERT INTO ${o} (${insertColumns}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', 0, ?7, ?7, ?8, ?8 IS NULL OR NOT EXISTS (SELECT 1 FROM ${o} WHERE ordering_key = ?8 AND key_head)) ON CONFLICT (id) DO NOTHING RETURNING ${columns}`,
-    // `r` is the batch row; its first row per key becomes the key's head when it has none.
-    insertMany: `INSERT INTO ${o} (${insertColumns}) SELECT ${rf("id")}, ${rf("kind")}, ${
-      rf("name")
-    }, ${rf("subject")}, ${rf("payload")}, ${rf("headers")}, 'pending', 0, ?2, ?2, ${
-      rf("orderingKey")
-    }, ${
-      rf("orderingKey")
-    } IS NULL OR (NOT EXISTS (SELECT 1 FROM ${o} AS h WHERE h.ordering_key = ${
-      rf("orderingKey")
-    } AND h.key_head) AND r.key = (SELECT min(j.key) FROM json_each(?1) AS j WHERE json_extract(j.value, '$.orderingKey') = ${
-      rf("orderingKey")
-    })) FROM json_each(?1) AS r WHERE NOT EXISTS (SELECT 1 FROM json_each(?1) AS j JOIN ${o} AS x ON x.id = json_extract(j.value, '$.id')) ORDER BY r.key ON CONFLICT (id) DO NOTHING RETURNING ${columns}`,
+    insertMany,
+    insertManyUnkeyed: insertMany,
     get: `SELECT ${columns} FROM ${o} WHERE id = ?1`,
     getMany: `SELECT ${columns} FROM ${o} WHERE id IN (SELECT value FROM json_each(?1))`,
     // As on Postgres: the oldest pending rows (pending_idx) and the earliest due retries and

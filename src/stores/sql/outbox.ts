@@ -238,7 +238,10 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       })));
       const params: unknown[] = [json, now];
       if (this.#channel !== undefined) params.push(this.#channel);
-      for (const row of await this.executor.query(this.#sql.insertMany, params)) {
+      const insert = pending.some((record) => record.orderingKey !== undefined)
+        ? this.#sql.insertMany
+        : this.#sql.insertManyUnkeyed;
+      for (const row of await this.executor.query(insert, params)) {
         const message = decodeOutboxRow(row);
         stored.set(message.id, message);
       }
