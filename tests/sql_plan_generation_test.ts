@@ -481,3 +481,58 @@ Deno.test("postgres: prune's idle-key statements planned on empty tables probe i
     await admin.end();
   }
 });
+
+Deno.test("postgres: prune's idle-key rounds are planned for their values, even after the outbox was analyzed while small", async () => {
+  const url = await postgresUrl();
+  const admin = postgres(url, { max: 1, onnotice: () => {} });
+  const jobSql = postgres(url, { max: 1, onnotice: () => {} });
+  const tables = uniqueTables();
+  const o = tables.outbox;
+  let jobOpen = true;
+  try {
+    await migrate(postgresJsExecutor(admin), { dialect: "postgres", tables });
+    await admin.unsafe(`ALTER TABLE ${o} SET (autovacuum_enabled = false)`);
+    const job = new SqlOutboxRepository(postgresJsExecutor(jobSql), "postgres", tables);
+    // A small keyed outbox, analyzed (as autovacuum leaves it after its first messages), and a
+    // retention job that prunes it a few times: its statements are cached with plans for it.
+    const relay = new SqlOutboxRepository(postgresJsExecutor(admin), "postgres", tables);
+    await relay.enqueueMany(
+      Array.from({ length: 60 }, (_, i) => ({
+        ...records(i, 1)[0],
+        id: `s-${i}`,
+        orderingKey: `small-${i % 30}`,
+      })),
+    );
+    for (const message of await relay.claimDue(30, new Date())) {
+      await relay.markDispatched(message, new Date(), undefined, { sequence: 1 });
+    }
+    await admin.unsafe(`ANALYZE ${o}; ANALYZE ${o}_keys`);
+    for (let i = 0; i < 8; i++) {
+      await job.prune({ dispatchedBefore: new Date(Date.now() - 3_600_000) });
+    }
+    // Then 10,000 keys, each with an old dispatched message and a pending head (none idle).
+    const columns =
+      "id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at, ordering_key, key_head";
+    await admin.unsafe(
+      `INSERT INTO ${o} (${columns}) SELECT 'd-' || g, 'event.publish', 'n', 's.a', '{}', '{}'::jsonb, 'dispatched', 1, now() - interval '2 hours', now() - interval '2 hours', 'key-' || lpad(g::text, 6, '0'), false FROM generate_series(1, 10000) AS g`,
+    );
+    await admin.unsafe(
+      `INSERT INTO ${o} (${columns}) SELECT 'p-' || g, 'event.publish', 'n', 's.a', '{}', '{}'::jsonb, 'pending', 0, now(), now(), 'key-' || lpad(g::text, 6, '0'), true FROM generate_series(1, 10000) AS g`,
+    );
+    await admin.unsafe(
+      `INSERT INTO ${o}_keys (ordering_key, stream_seq) SELECT 'key-' || lpad(g::text, 6, '0'), g FROM generate_series(1, 10000) AS g`,
+    );
+    const before = await scanReads(admin, o);
+    await job.prune({ dispatchedBefore: new Date(Date.now() - 3 * 3_600_000) });
+    await jobSql.end();
+    jobOpen = false;
+    const read = (await scanReads(admin, o)) - before;
+    // With the plans cached for the 60-row outbox, each key of a round was checked by a
+    // sequential scan of the whole outbox: 10,000 keys x 20,000 rows.
+    assert.ok(read < 200_000, `the outbox's sequential scans read ${read} rows`);
+  } finally {
+    if (jobOpen) await jobSql.end();
+    await dropPostgresTables(postgresJsExecutor(admin), tables);
+    await admin.end();
+  }
+});
