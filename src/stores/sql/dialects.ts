@@ -236,7 +236,7 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   // plan made on an empty table must read only the batch: ordered by the index's own order, the
   // batch is read from the retention index (ordered by (updated_at, seq), it sorted every
   // prunable row); the DELETE reads the retention index's range from the batch's oldest
-  // updated_at to its newest, and joins it to the batch on the locked row's address and table
+  // updated_at to its newest, and joins it to the batch on the locked row's address and id
   // (`ctid` alone is not unique across partitions). Every plan of that join is linear in the
   // batch: a probe of the row's address per batch row, or a hash of one side probed by the
   // other (tests/sql_prune_linear_test.ts, generic plans made on an empty table, custom plans
@@ -247,7 +247,7 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   // snapshot's version; a row whose locked version differs from it (updated since, still
   // prunable) has another address: it stays, for the next batch.
   const prune = (state: "dispatched" | "dead") =>
-    `WITH batch AS MATERIALIZED (SELECT tableoid AS tab, ctid AS at, updated_at FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} ORDER BY updated_at LIMIT $2::bigint FOR UPDATE SKIP LOCKED), gone AS (DELETE FROM ${o} AS d USING batch AS b WHERE d.ctid = b.at AND d.tableoid = b.tab AND d.state = '${state}' AND d.updated_at < $1::timestamptz AND d.updated_at >= (SELECT min(updated_at) FROM batch) AND d.updated_at <= (SELECT max(updated_at) FROM batch) AND (d.ordering_key IS NULL OR NOT d.key_head) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`;
+    `WITH batch AS MATERIALIZED (SELECT ctid AS at, id, updated_at FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} ORDER BY updated_at LIMIT $2::bigint FOR UPDATE SKIP LOCKED), gone AS (DELETE FROM ${o} AS d USING batch AS b WHERE d.ctid = b.at AND d.id = b.id AND d.state = '${state}' AND d.updated_at < $1::timestamptz AND d.updated_at >= (SELECT min(updated_at) FROM batch) AND d.updated_at <= (SELECT max(updated_at) FROM batch) AND (d.ordering_key IS NULL OR NOT d.key_head) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`;
   const marks =
     "json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, token text, state text, error text, next timestamptz, outcome text)";
   // The key fence (schema_v4.ts): a claimed row's key sequence.
@@ -361,13 +361,13 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     // As the outbox's prune: up to $2 of the oldest ids (received_idx order) no other
     // transaction holds, locked FOR UPDATE SKIP LOCKED (the cutoff re-checked on the locked
     // row), deleted by reading the received_idx range they span joined to the batch on the
-    // locked row's address and table (linear in the batch on every plan; `ctid = ANY(...)` was
+    // locked row's address and key (linear in the batch on every plan; `ctid = ANY(...)` was
     // quadratic). A prune never waits for a row lock: deleting a whole range, two pruners
     // whose plans read it in different orders (index and heap order) could wait for each
     // other. The inbox never updates a row, so the address locked is the one the statement's
     // snapshot sees; a row another writer updated meanwhile stays, for the next batch.
     inboxPrune:
-      `WITH batch AS MATERIALIZED (SELECT tableoid AS tab, ctid AS at, received_at FROM ${t.inbox} WHERE received_at < $1::timestamptz ORDER BY received_at LIMIT $2::bigint FOR UPDATE SKIP LOCKED), gone AS (DELETE FROM ${t.inbox} AS d USING batch AS b WHERE d.ctid = b.at AND d.tableoid = b.tab AND d.received_at < $1::timestamptz AND d.received_at >= (SELECT min(received_at) FROM batch) AND d.received_at <= (SELECT max(received_at) FROM batch) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`,
+      `WITH batch AS MATERIALIZED (SELECT ctid AS at, consumer, message_id, received_at FROM ${t.inbox} WHERE received_at < $1::timestamptz ORDER BY received_at LIMIT $2::bigint FOR UPDATE SKIP LOCKED), gone AS (DELETE FROM ${t.inbox} AS d USING batch AS b WHERE d.ctid = b.at AND d.consumer = b.consumer AND d.message_id = b.message_id AND d.received_at < $1::timestamptz AND d.received_at >= (SELECT min(received_at) FROM batch) AND d.received_at <= (SELECT max(received_at) FROM batch) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`,
   };
 }
 
