@@ -237,10 +237,12 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   // batch is read from the retention index (ordered by (updated_at, seq), it sorted every
   // prunable row); the DELETE reads the retention index's range from the batch's oldest
   // updated_at to its newest, and joins it to the batch on the locked row's address and id
-  // (`ctid` alone is not unique across partitions). Every plan of that join is linear in the
-  // batch: a probe of the row's address per batch row, or a hash of one side probed by the
-  // other (tests/sql_prune_linear_test.ts, generic plans made on an empty table, custom plans
-  // after ANALYZE). Keeping the rows whose id is `= ANY(ARRAY(SELECT id FROM batch))` instead,
+  // (`ctid` alone is not unique across partitions). The plans Postgres 15 makes of it are
+  // linear in the batch: a probe of the row's address per batch row, or a hash of one side
+  // probed by the other (tests/sql_prune_linear_test.ts: generic plans made on an empty table,
+  // custom and generic plans before and after ANALYZE). It is a cost choice, not a guarantee:
+  // joined on (tableoid, ctid) instead, a custom plan on an unanalyzed table compared every row
+  // of the range with every row of the batch. Keeping the rows whose id is `= ANY(ARRAY(SELECT id FROM batch))` instead,
   // a filter that searched the whole array for every row of the range: quadratic in the batch
   // (1.3 s for a batch of 10,000, 130 s for 100,000). Without the range, the join's plans
   // hashed the batch against every prunable row. The DELETE re-checks the conditions on its
