@@ -267,14 +267,20 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   // plan made on an empty table must read only the batch: ordered by the index's own order, the
   // batch is read from the retention index (ordered by (updated_at, seq), it sorted every
   // prunable row); the DELETE reads the retention index's range from the batch's oldest
-  // updated_at to its newest and keeps the batch's ids (`= ANY(ARRAY(...))`: an InitPlan), so
-  // it can use no other plan than an index range. (By the ids alone that plan was a
-  // sequential scan of the table; as `id IN (SELECT ...)` it re-ran the subquery for every
-  // candidate row.) A row whose locked version differs from the one the statement's snapshot
-  // sees (updated since, still prunable) may fall outside that range: it stays, for the next
-  // batch.
+  // updated_at to its newest, and joins it to the batch on the locked row's address and id
+  // (`ctid` alone is not unique across partitions). The plans Postgres 15 makes of it are
+  // linear in the batch: a probe of the row's address per batch row, or a hash of one side
+  // probed by the other (tests/sql_prune_linear_test.ts: generic plans made on an empty table,
+  // custom and generic plans before and after ANALYZE). It is a cost choice, not a guarantee:
+  // joined on (tableoid, ctid) instead, a custom plan on an unanalyzed table compared every row
+  // of the range with every row of the batch. Keeping the rows whose id is `= ANY(ARRAY(SELECT id FROM batch))` instead,
+  // a filter that searched the whole array for every row of the range: quadratic in the batch
+  // (1.3 s for a batch of 10,000, 130 s for 100,000). Without the range, the join's plans
+  // hashed the batch against every prunable row. The DELETE re-checks the conditions on its
+  // snapshot's version; a row whose locked version differs from it (updated since, still
+  // prunable) has another address: it stays, for the next batch.
   const prune = (state: "dispatched" | "dead") =>
-    `WITH batch AS MATERIALIZED (SELECT id, updated_at FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} ORDER BY updated_at LIMIT $2::bigint FOR UPDATE SKIP LOCKED), gone AS (DELETE FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND updated_at >= (SELECT min(updated_at) FROM batch) AND updated_at <= (SELECT max(updated_at) FROM batch) AND id = ANY(ARRAY(SELECT id FROM batch)) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`;
+    `WITH batch AS MATERIALIZED (SELECT ctid AS at, id, updated_at FROM ${o} WHERE state = '${state}' AND updated_at < $1::timestamptz AND ${keep} ORDER BY updated_at LIMIT $2::bigint FOR UPDATE SKIP LOCKED), gone AS (DELETE FROM ${o} AS d USING batch AS b WHERE d.ctid = b.at AND d.id = b.id AND d.state = '${state}' AND d.updated_at < $1::timestamptz AND d.updated_at >= (SELECT min(updated_at) FROM batch) AND d.updated_at <= (SELECT max(updated_at) FROM batch) AND (d.ordering_key IS NULL OR NOT d.key_head) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`;
   const marks =
     "json_to_recordset($1::text::json) AS m(id text, attempts integer, lease timestamptz, token text, state text, error text, next timestamptz, outcome text)";
   // The key fence (schema_v4.ts): a claimed row's key sequence.
@@ -388,13 +394,14 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     inboxHas: `SELECT 1 AS found FROM ${t.inbox} WHERE consumer = $1 AND message_id = $2`,
     // As the outbox's prune: up to $2 of the oldest ids (received_idx order) no other
     // transaction holds, locked FOR UPDATE SKIP LOCKED (the cutoff re-checked on the locked
-    // row), deleted as the received_idx range they span, keeping only their row addresses
-    // (`ctid`). A prune never waits for a row lock: deleting a whole range, two pruners whose
-    // plans read it in different orders (index and heap order) could wait for each other. The
-    // inbox never updates a row, so the address locked is the one the statement's snapshot
-    // sees; a row another writer updated meanwhile stays, for the next batch.
+    // row), deleted by reading the received_idx range they span joined to the batch on the
+    // locked row's address and key (linear in the batch on every plan; `ctid = ANY(...)` was
+    // quadratic). A prune never waits for a row lock: deleting a whole range, two pruners
+    // whose plans read it in different orders (index and heap order) could wait for each
+    // other. The inbox never updates a row, so the address locked is the one the statement's
+    // snapshot sees; a row another writer updated meanwhile stays, for the next batch.
     inboxPrune:
-      `WITH batch AS MATERIALIZED (SELECT ctid AS at, received_at FROM ${t.inbox} WHERE received_at < $1::timestamptz ORDER BY received_at LIMIT $2::bigint FOR UPDATE SKIP LOCKED), gone AS (DELETE FROM ${t.inbox} WHERE received_at < $1::timestamptz AND received_at >= (SELECT min(received_at) FROM batch) AND received_at <= (SELECT max(received_at) FROM batch) AND ctid = ANY(ARRAY(SELECT at FROM batch)) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`,
+      `WITH batch AS MATERIALIZED (SELECT ctid AS at, consumer, message_id, received_at FROM ${t.inbox} WHERE received_at < $1::timestamptz ORDER BY received_at LIMIT $2::bigint FOR UPDATE SKIP LOCKED), gone AS (DELETE FROM ${t.inbox} AS d USING batch AS b WHERE d.ctid = b.at AND d.consumer = b.consumer AND d.message_id = b.message_id AND d.received_at < $1::timestamptz AND d.received_at >= (SELECT min(received_at) FROM batch) AND d.received_at <= (SELECT max(received_at) FROM batch) RETURNING 1) SELECT count(*) AS n, (SELECT count(*) FROM batch) AS batch FROM gone`,
   };
 }
 
