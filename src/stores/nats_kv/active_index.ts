@@ -89,6 +89,8 @@ export class ActiveIndex {
   #keyOfEntry = new Map<string, string>();
   /** Active entries of each ordering key, in enqueue order. */
   #byKey = new Map<string, ActiveEntry[]>();
+  /** Ordering keys whose entry names a head that has no active entry here (see `unmarkedHeads`). */
+  #unmarked = new Set<string>();
   #iterator: WatchIterator | undefined;
   #loop: Promise<void> | undefined;
   #starting: Promise<boolean> | undefined;
@@ -198,6 +200,23 @@ export class ActiveIndex {
     return out;
   }
 
+  /**
+   * The entries of the ordering keys whose head has no marker in the index: a dead head (blocked
+   * on purpose), an active head whose marker write failed, or a settled message named head by a
+   * hand-over whose index still held its marker while the marker's delete was on its way (late,
+   * or lost: this process forgets a dispatched marker as it deletes it). No claim reads such a
+   * head through its marker, so the caller reads its record instead. Kept up to date as entries
+   * come and go: costs nothing while every head has its marker.
+   */
+  unmarkedHeads(): KeyState[] {
+    const out: KeyState[] = [];
+    for (const key of this.#unmarked) {
+      const state = this.#keyStates.get(key);
+      if (state) out.push(state);
+    }
+    return out;
+  }
+
   /** The oldest active entry of `key` other than message `except`: the key's next message. */
   nextOf(key: string, except: string): ActiveEntry | undefined {
     for (const entry of this.#byKey.get(key) ?? []) {
@@ -302,6 +321,7 @@ export class ActiveIndex {
     this.#keyStates = new Map();
     this.#keyOfEntry = new Map();
     this.#byKey = new Map();
+    this.#unmarked = new Set();
     this.#lastRevision = 0;
     this.#live = false;
     const iterator = await this.#kv.watch({ key: `${markerPrefix}.>` });
@@ -425,7 +445,10 @@ export class ActiveIndex {
     const previousKey = this.#keyOfEntry.get(watched.key);
     if (!value) {
       // Deleted (or damaged, which no claim can trust): the key has no head the index knows.
-      if (previousKey !== undefined) this.#keyStates.delete(previousKey);
+      if (previousKey !== undefined) {
+        this.#keyStates.delete(previousKey);
+        this.#unmarked.delete(previousKey);
+      }
       this.#keyOfEntry.delete(watched.key);
       return;
     }
@@ -436,10 +459,14 @@ export class ActiveIndex {
       revision: watched.revision,
       value,
     });
-    if (value.head !== undefined && value.head !== before) {
+    if (value.head === undefined) this.#unmarked.delete(value.key);
+    else if (value.head !== before || this.#unmarked.has(value.key)) {
       // The new head joins the claim's FIFO (usually the first of its key's entries).
       const head = this.#byKey.get(value.key)?.find((entry) => entry.id === value.head);
-      if (head) this.#enqueue(head);
+      if (head) {
+        this.#enqueue(head);
+        this.#unmarked.delete(value.key);
+      } else this.#unmarked.add(value.key);
     }
     if (!this.#live || value.head === undefined || value.head === before) return;
     // A hand-over: the key's next message became claimable.
@@ -501,6 +528,9 @@ export class ActiveIndex {
     const queue = this.#byKey.get(entry.key);
     if (queue) insertSorted(queue, entry);
     else this.#byKey.set(entry.key, [entry]);
+    if (entry.id !== undefined && this.#keyStates.get(entry.key)?.value.head === entry.id) {
+      this.#unmarked.delete(entry.key);
+    }
   }
 
   /** Puts an entry into the claim's FIFO (once). */
@@ -521,6 +551,9 @@ export class ActiveIndex {
     if (at < 0) return;
     queue!.splice(at, 1);
     if (queue!.length === 0) this.#byKey.delete(entry.key);
+    if (entry.id !== undefined && this.#keyStates.get(entry.key)?.value.head === entry.id) {
+      this.#unmarked.add(entry.key);
+    }
   }
 
   #compact(): void {
