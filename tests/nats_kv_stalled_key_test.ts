@@ -9,13 +9,7 @@
 import assert from "node:assert/strict";
 import type { NatsKvOutboxRepository, OutboxMessage, OutboxRecord } from "../mod.ts";
 import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
-import {
-  countingKv,
-  intercept,
-  keyedRecord,
-  newCounts,
-  openKvFixture,
-} from "./nats_kv_fixture.ts";
+import { countingKv, intercept, keyedRecord, newCounts, openKvFixture } from "./nats_kv_fixture.ts";
 
 const keyed = (orderingKey: string): OutboxRecord => keyedRecord("st", orderingKey);
 

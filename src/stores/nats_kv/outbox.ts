@@ -17,7 +17,11 @@
  * Crash safety: the record is the truth, the marker only a pointer. Every state between the two
  * writes heals itself: a marker whose record is terminal, corrupt or (after a grace period)
  * missing is deleted by the next claim that sees it; a record left active without a marker is
- * re-indexed by a duplicate `enqueue` of the same id or by {@linkcode NatsKvOutboxRepository.repair}.
+ * re-indexed by a duplicate `enqueue` of the same id or by {@linkcode NatsKvOutboxRepository.repair}
+ * (sooner when it heads its key: see below). A key's head that has no marker in the index (a
+ * settled message named head through a marker whose delete was late or lost, or an active head
+ * whose marker write failed) is read by the next claim that runs out of due messages, which hands
+ * the key over or writes the marker again; a dead head keeps blocking its key.
  *
  * @module
  */
@@ -1237,9 +1241,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         this.#index.wroteMarker(markerKey, await this.#requests.put(markerKey, encodeJson(marker)));
       } else if (record.state === "dispatched") {
         // Dispatched is final: nothing can revive the marker, so it is deleted unconditionally,
-        // and without waiting for the acknowledgement (one reply less per message): a delete
+        // and without waiting for the acknowledgement (one reply less per message). A delete
         // that is lost leaves a marker whose record is dispatched, which the next claim that
         // reads it drops (after handing its key over, if it still heads one), as after a crash.
+        // A peer whose index still holds the marker (the delete late or lost) may name the
+        // message its key's head; once no index holds the marker (this one forgets it now), the
+        // claims that run out of due messages read that head's record and hand over (#repairKeys).
         this.#index.forget(markerKey);
         await this.#requests.deleteUnconfirmed(markerKey);
       } else {
@@ -1433,9 +1440,11 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         quiet.set(key, state.revision);
         continue;
       }
-      checks.push(this.#checkUnmarkedHead(state).then((outcome) => {
-        if (outcome !== undefined) quiet.set(key, state.revision);
-      }, () => {}));
+      checks.push(
+        this.#checkUnmarkedHead(state).then((outcome) => {
+          if (outcome !== undefined) quiet.set(key, state.revision);
+        }, () => {}),
+      );
     }
     await Promise.all([this.#joinStranded(), ...checks]);
     // Only keys still without a marked head are remembered: the cache stays as small as they.
