@@ -89,8 +89,15 @@ export class ActiveIndex {
   #keyOfEntry = new Map<string, string>();
   /** Active entries of each ordering key, in enqueue order. */
   #byKey = new Map<string, ActiveEntry[]>();
-  /** Ordering keys whose entry names a head that has no active entry here (see `unmarkedHeads`). */
-  #unmarked = new Set<string>();
+  /**
+   * Ordering keys whose entry names a head that has no active entry here (see `unmarkedHeads`),
+   * with the number of sync barriers started when that began.
+   */
+  #unmarked = new Map<string, number>();
+  /** Sync barriers started so far. */
+  #barriersStarted = 0;
+  /** The highest number (in start order) of a sync barrier that completed. */
+  #barrierDone = 0;
   #iterator: WatchIterator | undefined;
   #loop: Promise<void> | undefined;
   #starting: Promise<boolean> | undefined;
@@ -207,10 +214,16 @@ export class ActiveIndex {
    * or lost: this process forgets a dispatched marker as it deletes it). No claim reads such a
    * head through its marker, so the caller reads its record instead. Kept up to date as entries
    * come and go: costs nothing while every head has its marker.
+   *
+   * With `settled`, only the keys that have been so since before a sync barrier that completed:
+   * not those this process made so a moment ago by forgetting the marker of a head it has just
+   * handed over, while its index has not seen that hand-over yet (a sync started afterwards
+   * brings it in, and the key leaves the list).
    */
-  unmarkedHeads(): KeyState[] {
+  unmarkedHeads(settled = false): KeyState[] {
     const out: KeyState[] = [];
-    for (const key of this.#unmarked) {
+    for (const [key, since] of this.#unmarked) {
+      if (settled && since >= this.#barrierDone) continue;
       const state = this.#keyStates.get(key);
       if (state) out.push(state);
     }
@@ -321,7 +334,7 @@ export class ActiveIndex {
     this.#keyStates = new Map();
     this.#keyOfEntry = new Map();
     this.#byKey = new Map();
-    this.#unmarked = new Set();
+    this.#unmarked = new Map();
     this.#lastRevision = 0;
     this.#live = false;
     const iterator = await this.#kv.watch({ key: `${markerPrefix}.>` });
@@ -379,8 +392,10 @@ export class ActiveIndex {
   }
 
   async #barrier(): Promise<void> {
+    const number = ++this.#barriersStarted;
     const revision = await this.#requests.put(syncKey, `${Date.now()}`);
     await this.#wait(revision);
+    if (number > this.#barrierDone) this.#barrierDone = number;
   }
 
   async #wait(revision: number): Promise<void> {
@@ -466,7 +481,9 @@ export class ActiveIndex {
       if (head) {
         this.#enqueue(head);
         this.#unmarked.delete(value.key);
-      } else this.#unmarked.add(value.key);
+      } else if (value.head !== before || !this.#unmarked.has(value.key)) {
+        this.#unmarked.set(value.key, this.#barriersStarted);
+      }
     }
     if (!this.#live || value.head === undefined || value.head === before) return;
     // A hand-over: the key's next message became claimable.
@@ -552,7 +569,7 @@ export class ActiveIndex {
     queue!.splice(at, 1);
     if (queue!.length === 0) this.#byKey.delete(entry.key);
     if (entry.id !== undefined && this.#keyStates.get(entry.key)?.value.head === entry.id) {
-      this.#unmarked.add(entry.key);
+      this.#unmarked.set(entry.key, this.#barriersStarted);
     }
   }
 

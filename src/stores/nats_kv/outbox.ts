@@ -1431,7 +1431,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * the next claim.
    */
   async #repairKeys(): Promise<void> {
-    const unmarked = this.#index.unmarkedHeads();
+    const unmarked = this.#index.unmarkedHeads(true);
     const quiet = new Map<string, number>();
     const checks: Array<Promise<void>> = [];
     for (const state of unmarked) {
