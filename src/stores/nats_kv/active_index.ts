@@ -89,6 +89,15 @@ export class ActiveIndex {
   #keyOfEntry = new Map<string, string>();
   /** Active entries of each ordering key, in enqueue order. */
   #byKey = new Map<string, ActiveEntry[]>();
+  /**
+   * Ordering keys whose entry names a head that has no active entry here (see `unmarkedHeads`),
+   * with the number of sync barriers started when that began.
+   */
+  #unmarked = new Map<string, number>();
+  /** Sync barriers started so far. */
+  #barriersStarted = 0;
+  /** The highest number (in start order) of a sync barrier that completed. */
+  #barrierDone = 0;
   #iterator: WatchIterator | undefined;
   #loop: Promise<void> | undefined;
   #starting: Promise<boolean> | undefined;
@@ -198,6 +207,29 @@ export class ActiveIndex {
     return out;
   }
 
+  /**
+   * The entries of the ordering keys whose head has no marker in the index: a dead head (blocked
+   * on purpose), an active head whose marker write failed, or a settled message named head by a
+   * hand-over whose index still held its marker while the marker's delete was on its way (late,
+   * or lost: this process forgets a dispatched marker as it deletes it). No claim reads such a
+   * head through its marker, so the caller reads its record instead. Kept up to date as entries
+   * come and go: costs nothing while every head has its marker.
+   *
+   * With `settled`, only the keys that have been so since before a sync barrier that completed:
+   * not those this process made so a moment ago by forgetting the marker of a head it has just
+   * handed over, while its index has not seen that hand-over yet (a sync started afterwards
+   * brings it in, and the key leaves the list).
+   */
+  unmarkedHeads(settled = false): KeyState[] {
+    const out: KeyState[] = [];
+    for (const [key, since] of this.#unmarked) {
+      if (settled && since >= this.#barrierDone) continue;
+      const state = this.#keyStates.get(key);
+      if (state) out.push(state);
+    }
+    return out;
+  }
+
   /** The oldest active entry of `key` other than message `except`: the key's next message. */
   nextOf(key: string, except: string): ActiveEntry | undefined {
     for (const entry of this.#byKey.get(key) ?? []) {
@@ -302,6 +334,7 @@ export class ActiveIndex {
     this.#keyStates = new Map();
     this.#keyOfEntry = new Map();
     this.#byKey = new Map();
+    this.#unmarked = new Map();
     this.#lastRevision = 0;
     this.#live = false;
     const iterator = await this.#kv.watch({ key: `${markerPrefix}.>` });
@@ -359,8 +392,10 @@ export class ActiveIndex {
   }
 
   async #barrier(): Promise<void> {
+    const number = ++this.#barriersStarted;
     const revision = await this.#requests.put(syncKey, `${Date.now()}`);
     await this.#wait(revision);
+    if (number > this.#barrierDone) this.#barrierDone = number;
   }
 
   async #wait(revision: number): Promise<void> {
@@ -425,7 +460,10 @@ export class ActiveIndex {
     const previousKey = this.#keyOfEntry.get(watched.key);
     if (!value) {
       // Deleted (or damaged, which no claim can trust): the key has no head the index knows.
-      if (previousKey !== undefined) this.#keyStates.delete(previousKey);
+      if (previousKey !== undefined) {
+        this.#keyStates.delete(previousKey);
+        this.#unmarked.delete(previousKey);
+      }
       this.#keyOfEntry.delete(watched.key);
       return;
     }
@@ -436,10 +474,16 @@ export class ActiveIndex {
       revision: watched.revision,
       value,
     });
-    if (value.head !== undefined && value.head !== before) {
+    if (value.head === undefined) this.#unmarked.delete(value.key);
+    else if (value.head !== before || this.#unmarked.has(value.key)) {
       // The new head joins the claim's FIFO (usually the first of its key's entries).
       const head = this.#byKey.get(value.key)?.find((entry) => entry.id === value.head);
-      if (head) this.#enqueue(head);
+      if (head) {
+        this.#enqueue(head);
+        this.#unmarked.delete(value.key);
+      } else if (value.head !== before || !this.#unmarked.has(value.key)) {
+        this.#unmarked.set(value.key, this.#barriersStarted);
+      }
     }
     if (!this.#live || value.head === undefined || value.head === before) return;
     // A hand-over: the key's next message became claimable.
@@ -501,6 +545,9 @@ export class ActiveIndex {
     const queue = this.#byKey.get(entry.key);
     if (queue) insertSorted(queue, entry);
     else this.#byKey.set(entry.key, [entry]);
+    if (entry.id !== undefined && this.#keyStates.get(entry.key)?.value.head === entry.id) {
+      this.#unmarked.delete(entry.key);
+    }
   }
 
   /** Puts an entry into the claim's FIFO (once). */
@@ -521,6 +568,9 @@ export class ActiveIndex {
     if (at < 0) return;
     queue!.splice(at, 1);
     if (queue!.length === 0) this.#byKey.delete(entry.key);
+    if (entry.id !== undefined && this.#keyStates.get(entry.key)?.value.head === entry.id) {
+      this.#unmarked.set(entry.key, this.#barriersStarted);
+    }
   }
 
   #compact(): void {

@@ -17,7 +17,11 @@
  * Crash safety: the record is the truth, the marker only a pointer. Every state between the two
  * writes heals itself: a marker whose record is terminal, corrupt or (after a grace period)
  * missing is deleted by the next claim that sees it; a record left active without a marker is
- * re-indexed by a duplicate `enqueue` of the same id or by {@linkcode NatsKvOutboxRepository.repair}.
+ * re-indexed by a duplicate `enqueue` of the same id or by {@linkcode NatsKvOutboxRepository.repair}
+ * (sooner when it heads its key: see below). A key's head that has no marker in the index (a
+ * settled message named head through a marker whose delete was late or lost, or an active head
+ * whose marker write failed) is read by the next claim that runs out of due messages, which hands
+ * the key over or writes the marker again; a dead head keeps blocking its key.
  *
  * @module
  */
@@ -64,7 +68,7 @@ import type {
   OutboxUnblockKeyOptions,
 } from "../../core/types.ts";
 import { validateOrderingKey, validateOutboxRecord } from "../../core/validate.ts";
-import { type ActiveEntry, ActiveIndex, type ActiveWork } from "./active_index.ts";
+import { type ActiveEntry, ActiveIndex, type ActiveWork, type KeyState } from "./active_index.ts";
 import { isWrongLastSequence, NatsKvOrderingKeyError } from "./errors.ts";
 import {
   decodeToken,
@@ -250,6 +254,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   readonly #claimCacheSize: number;
   readonly #claims = new Map<string, Cached>();
   readonly #inFlight = new Set<string>();
+  /**
+   * Keys whose head has no marker and needs nothing done (a dead head: blocked on purpose), with
+   * the key entry revision that was read: an idle claim does not read them again (see
+   * `#repairKeys`).
+   */
+  #quietHeads = new Map<string, number>();
 
   /** Uses `kv` (a bucket from `Kvm#create` / `Kvm#open`, or `createOutboxBucket`). */
   constructor(kv: KV, options: NatsKvOutboxOptions = {}) {
@@ -369,7 +379,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       );
       if (candidates.length === 0) {
         if (synced) {
-          await this.#joinStranded();
+          await this.#repairKeys();
           break;
         }
         await this.#index.sync();
@@ -1231,9 +1241,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         this.#index.wroteMarker(markerKey, await this.#requests.put(markerKey, encodeJson(marker)));
       } else if (record.state === "dispatched") {
         // Dispatched is final: nothing can revive the marker, so it is deleted unconditionally,
-        // and without waiting for the acknowledgement (one reply less per message): a delete
+        // and without waiting for the acknowledgement (one reply less per message). A delete
         // that is lost leaves a marker whose record is dispatched, which the next claim that
         // reads it drops (after handing its key over, if it still heads one), as after a crash.
+        // A peer whose index still holds the marker (the delete late or lost) may name the
+        // message its key's head; once no index holds the marker (this one forgets it now), the
+        // claims that run out of due messages read that head's record and hand over (#repairKeys).
         this.#index.forget(markerKey);
         await this.#requests.deleteUnconfirmed(markerKey);
       } else {
@@ -1352,51 +1365,90 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    */
   async #blocked(): Promise<OutboxBlockedKey[]> {
     await this.#index.sync();
-    const suspects = this.#index.keyStates().filter((state) => {
-      const head = state.value.head;
-      return head !== undefined &&
-        !this.#index.keyEntries(state.value.key).some((entry) => entry.id === head);
-    });
-    const found = await Promise.all(suspects.map(async (state) => {
-      const key = state.value.key;
-      const headId = state.value.head!;
-      const read = await this.#read(headId);
-      if (
-        read?.ok && (read.record.state === "dead" || read.record.state === "dispatched") &&
-        settledBeforeHead(state.value, read.revision)
-      ) {
-        // Came back as head through a marker that outlived its settlement: not blocked.
-        const settled = { revision: read.revision, dead: read.record.state === "dead" };
-        await this.#passOn(key, headId, read.record.sequence, settled);
-        return undefined;
-      }
-      if (
-        read?.ok && read.record.orderingKey === key &&
-        (read.record.state === "pending" || read.record.state === "failed" ||
-          read.record.state === "claimed")
-      ) {
-        // An active head without a marker (a requeue or retry that failed before its marker
-        // write): no claim would take it, and every message of its key would wait behind it.
-        await this.#ensureMarker(await outboxRecordKey(headId), read.record, read.revision);
-        return undefined;
-      }
-      if (read?.ok && read.record.state === "dead" && read.record.orderingKey === key) {
-        const item: OutboxBlockedKey = {
-          key,
-          headId,
-          since: read.record.updatedAt,
-          waiting: this.#index.keyEntries(key).length,
-        };
-        if (read.record.lastError !== undefined) item.lastError = read.record.lastError;
-        return item;
-      }
-      if (!read?.ok || read.record.state === "dispatched") {
-        await this.#passOn(key, headId, read?.ok ? read.record.sequence : undefined);
-      }
-      return undefined;
-    }));
-    return found.filter((item): item is OutboxBlockedKey => item !== undefined)
+    const found = await Promise.all(
+      this.#index.unmarkedHeads().map((state) => this.#checkUnmarkedHead(state)),
+    );
+    return found.filter((item): item is OutboxBlockedKey => typeof item === "object")
       .sort((a, b) => a.since < b.since ? -1 : a.since > b.since ? 1 : a.key < b.key ? -1 : 1);
+  }
+
+  /**
+   * Reads the record of a key's head that has no marker in the index (see
+   * `ActiveIndex.unmarkedHeads`) and acts on it: a settled head that is not blocking its key on
+   * purpose (dispatched, corrupt, gone, or settled before a hand-over named it through a marker
+   * that outlived its settlement) hands the key over, as any stale head does; an active head
+   * gets its marker back, so claims take it. Resolves to the blocked key when the head is dead
+   * (it keeps blocking), `"quiet"` when there is nothing to do until the key entry changes, and
+   * `undefined` when it acted (or failed to: a later call tries again).
+   */
+  async #checkUnmarkedHead(state: KeyState): Promise<OutboxBlockedKey | "quiet" | undefined> {
+    const key = state.value.key;
+    const headId = state.value.head!;
+    const read = await this.#read(headId);
+    if (
+      read?.ok && (read.record.state === "dead" || read.record.state === "dispatched") &&
+      settledBeforeHead(state.value, read.revision)
+    ) {
+      // Came back as head through a marker that outlived its settlement: not blocked.
+      const settled = { revision: read.revision, dead: read.record.state === "dead" };
+      await this.#passOn(key, headId, read.record.sequence, settled);
+      return undefined;
+    }
+    if (
+      read?.ok && read.record.orderingKey === key &&
+      (read.record.state === "pending" || read.record.state === "failed" ||
+        read.record.state === "claimed")
+    ) {
+      // An active head without a marker (a requeue or retry that failed before its marker
+      // write): no claim would take it, and every message of its key would wait behind it.
+      await this.#ensureMarker(await outboxRecordKey(headId), read.record, read.revision);
+      return undefined;
+    }
+    if (read?.ok && read.record.state === "dead" && read.record.orderingKey === key) {
+      const item: OutboxBlockedKey = {
+        key,
+        headId,
+        since: read.record.updatedAt,
+        waiting: this.#index.keyEntries(key).length,
+      };
+      if (read.record.lastError !== undefined) item.lastError = read.record.lastError;
+      return item;
+    }
+    if (!read?.ok || read.record.state === "dispatched") {
+      await this.#passOn(key, headId, read?.ok ? read.record.sequence : undefined);
+      return undefined;
+    }
+    return "quiet"; // a record of another key: nothing this store can tell
+  }
+
+  /**
+   * Run by a claim that found less than it wanted (every due message taken), after its sync:
+   * keys with messages but no head are joined (see `#joinStranded`), and keys whose head has no
+   * marker here are looked at (see `#checkUnmarkedHead`): a settled head named by a hand-over
+   * whose marker delete reached this process only afterwards (or was lost) would otherwise stop
+   * its key for good, since no claim reads a head without a marker. A dead head (blocked on
+   * purpose) is read once per key entry revision, so idle polls stay free. Failures are left to
+   * the next claim.
+   */
+  async #repairKeys(): Promise<void> {
+    const unmarked = this.#index.unmarkedHeads(true);
+    const quiet = new Map<string, number>();
+    const checks: Array<Promise<void>> = [];
+    for (const state of unmarked) {
+      const key = state.value.key;
+      if (this.#quietHeads.get(key) === state.revision) {
+        quiet.set(key, state.revision);
+        continue;
+      }
+      checks.push(
+        this.#checkUnmarkedHead(state).then((outcome) => {
+          if (outcome !== undefined) quiet.set(key, state.revision);
+        }, () => {}),
+      );
+    }
+    await Promise.all([this.#joinStranded(), ...checks]);
+    // Only keys still without a marked head are remembered: the cache stays as small as they.
+    this.#quietHeads = quiet;
   }
 
   /**
@@ -1404,9 +1456,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * older than `orphanGraceMs` (server clock): a keyed enqueue that crashed or threw between its
    * marker write and its join, and was not retried, would otherwise wait until `repair()` (or be
    * overtaken by the key's next enqueue). Its record is read first: a marker that outlived a
-   * settled record is dropped. Run by a claim that found less than it wanted (every due message
-   * taken); costs nothing while every key with messages has a head. Failures are left to the
-   * next claim.
+   * settled record is dropped. Costs nothing while every key with messages has a head. Failures
+   * are left to the next claim.
    */
   async #joinStranded(): Promise<void> {
     const stranded = this.#index.headless().filter((entry) =>

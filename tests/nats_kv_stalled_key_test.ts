@@ -1,0 +1,101 @@
+/**
+ * NATS KV ordering keys whose head has no marker in any index: a dispatched message named its
+ * key's head by a hand-over whose index still held its marker while the marker's delete was on
+ * its way (late) or lost (the dispatching process forgets the marker as it sends the delete).
+ * No claim reads a head through a marker that is gone, so claims must read such a head's record
+ * and hand the key over; a dead head keeps blocking its key, and idle claims do not read it again.
+ */
+
+import assert from "node:assert/strict";
+import type { NatsKvOutboxRepository, OutboxMessage, OutboxRecord } from "../mod.ts";
+import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
+import { countingKv, intercept, keyedRecord, newCounts, openKvFixture } from "./nats_kv_fixture.ts";
+
+const keyed = (orderingKey: string): OutboxRecord => keyedRecord("st", orderingKey);
+
+/** Up to three rounds of claims by every repository, until one claims something. */
+async function claimRounds(repositories: NatsKvOutboxRepository[]): Promise<OutboxMessage[]> {
+  for (let round = 0; round < 3; round++) {
+    const got: OutboxMessage[] = [];
+    for (const repository of repositories) got.push(...await repository.claimDue(10, new Date()));
+    if (got.length > 0) return got;
+  }
+  return [];
+}
+
+Deno.test("nats kv stalled key: a marker delete that lands after the peer's hand-over named its dispatched message head does not stop the key", async () => {
+  await using fixture = await openKvFixture();
+  const k = "late-delete";
+  const [d, e, f] = [keyed(k), keyed(k), keyed(k)];
+  const dMarker = markerKeyOf(await outboxRecordKey(d.id));
+  // a's delete of d's marker is held (sent, not yet applied) until `release`.
+  let release: (() => Promise<void>) | undefined;
+  const kv = intercept(fixture.kv, "delete", (del) => (key, ...rest) => {
+    if (key !== dMarker) return del(key, ...rest);
+    release = () => del(key, ...rest);
+    return Promise.resolve();
+  });
+  const a = fixture.outbox({ kv });
+  const b = fixture.outbox({ kv: fixture.peerKv });
+  await a.enqueueMany([d, e, f]);
+  await b.blockedKeys(); // b's index knows d's marker
+  const [claimD] = await a.claimDue(10, new Date());
+  assert.equal(claimD.id, d.id);
+  assert.equal(await a.markDispatched(claimD, new Date(), undefined, { sequence: 5 }), true);
+  assert.ok(release, "a sent d's marker delete");
+  const [claimE] = [...await b.claimDue(10, new Date()), ...await a.claimDue(10, new Date())];
+  assert.equal(claimE?.id, e.id);
+  // b's index still holds d's marker: its hand-over from e names d (dispatched) head.
+  assert.equal(await b.markDispatched(claimE, new Date(), undefined, { sequence: 6 }), true);
+  await release!(); // the delete lands: no index holds d's marker any more
+  const c = fixture.outbox();
+  const next = await claimRounds([a, b, c]);
+  assert.deepEqual(next.map((m) => m.id), [f.id], "f is claimed: the key did not stall");
+  assert.equal(next[0].keySequence, 6, "f's key sequence is e's PubAck");
+});
+
+Deno.test("nats kv stalled key: a lost marker delete does not stop the key once the peer that named the dispatched message head is gone", async () => {
+  await using fixture = await openKvFixture();
+  const k = "lost-delete";
+  const [d, e, f] = [keyed(k), keyed(k), keyed(k)];
+  const dMarker = markerKeyOf(await outboxRecordKey(d.id));
+  // a's delete of d's marker is lost (never applied); a forgets the marker as it sends it.
+  const kv = intercept(fixture.kv, "delete", (del) => (key, ...rest) => {
+    if (key === dMarker) return Promise.resolve();
+    return del(key, ...rest);
+  });
+  const a = fixture.outbox({ kv });
+  const b = fixture.outbox({ kv: fixture.peerKv });
+  await a.enqueueMany([d, e, f]);
+  await b.blockedKeys(); // b's index knows d's marker
+  const [claimD] = await a.claimDue(10, new Date());
+  assert.equal(claimD.id, d.id);
+  assert.equal(await a.markDispatched(claimD, new Date(), undefined, { sequence: 5 }), true);
+  const [claimE] = [...await b.claimDue(10, new Date()), ...await a.claimDue(10, new Date())];
+  assert.equal(claimE?.id, e.id);
+  assert.equal(await b.markDispatched(claimE, new Date(), undefined, { sequence: 6 }), true);
+  await b.close(); // the only index that holds d's marker stops
+  const next = await claimRounds([a]);
+  assert.deepEqual(next.map((m) => m.id), [f.id], "a claims f: the key did not stall");
+  assert.equal(next[0].keySequence, 6, "f's key sequence is e's PubAck");
+  assert.equal(await a.markDispatched(next[0], new Date(), undefined, { sequence: 7 }), true);
+  assert.deepEqual(await claimRounds([a]), [], "nothing else of the key is claimable");
+});
+
+Deno.test("nats kv stalled key: a dead head keeps blocking its key and idle claims read it once", async () => {
+  await using fixture = await openKvFixture();
+  const k = "dead-head";
+  const [d, e] = [keyed(k), keyed(k)];
+  const counts = newCounts();
+  const a = fixture.outbox({ kv: countingKv(fixture.kv, counts) });
+  await a.enqueueMany([d, e]);
+  const [claimD] = await a.claimDue(10, new Date());
+  assert.equal(claimD.id, d.id);
+  assert.equal(await a.markDead(claimD, { error: "boom", now: new Date() }), true);
+  assert.deepEqual(await claimRounds([a]), [], "the dead head blocks e");
+  const before = counts.calls.get ?? 0;
+  for (let i = 0; i < 5; i++) assert.deepEqual(await a.claimDue(10, new Date()), []);
+  assert.equal((counts.calls.get ?? 0) - before, 0, "idle claims do not read the dead head again");
+  const blocked = await fixture.outbox().blockedKeys();
+  assert.deepEqual(blocked.map((item) => [item.key, item.headId]), [[k, d.id]]);
+});
