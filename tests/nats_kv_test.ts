@@ -636,31 +636,3 @@ Deno.test("nats kv: key tokens are valid KV tokens and reversible below the hash
   assert.equal(decodeToken("b!!"), undefined);
   assert.equal(decodeToken("b_w"), undefined, "0xFF is not UTF-8");
 });
-
-Deno.test("nats kv: a job's record keeps room for its outcome below max_payload; an event's does not need it", async () => {
-  await using fixture = await openKvFixture();
-  const outbox = fixture.outbox();
-  // About 1,000,000 bytes: room for a claim's rewrite below the default max_payload (1 MiB),
-  // not for a job's outcome of up to 64 KiB as well.
-  const payload = JSON.stringify({ blob: "p".repeat(1_000_000) });
-  const event = record({ payload });
-  await outbox.enqueue(event);
-  await assert.rejects(
-    outbox.enqueue(record({ kind: "job.submit", subject: "jobs.big", payload })),
-    (error: Error & { field?: string }) =>
-      error.name === "OutboxValidationError" && error.field === "payload" &&
-      /keeps its outcome/.test(error.message),
-  );
-  // A job that fits keeps its largest outcome once dispatched.
-  const job = record({
-    kind: "job.submit",
-    subject: "jobs.fits",
-    payload: JSON.stringify({ blob: "q".repeat(900_000) }),
-  });
-  await outbox.enqueue(job);
-  const claims = await outbox.claimDue(10, new Date());
-  const claim = claims.find((c) => c.id === job.id)!;
-  const outcome = { blob: "o".repeat(64 * 1024 - 20) };
-  assert.equal(await outbox.markDispatched(claim, new Date(), outcome), true);
-  assert.deepEqual((await outbox.get(job.id))?.outcome, outcome);
-});

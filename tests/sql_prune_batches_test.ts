@@ -216,14 +216,22 @@ Deno.test("postgres: concurrent pruners delete exactly the prunable rows, never 
           })
         ),
       );
-      const dispatched = results.reduce((sum, result) => sum + result.dispatched, 0);
-      const dead = results.reduce((sum, result) => sum + result.dead, 0);
       // The 250 dispatched heads still to hand over have no next message: prune hands them over
-      // first (retire_keys.ts), and they are pruned with the rest; the dead heads stay.
+      // first (retire_keys.ts), and they are pruned with the rest; the dead heads stay. A head
+      // another pruner hands over after this one's batches ended is the next prune's: one more
+      // prune, alone, takes what the concurrent ones left.
+      const after = await new SqlOutboxRepository(postgresJsExecutor(admin), "postgres", tables)
+        .prune({ dispatchedBefore: before, deadBefore: before, batchSize: 1_000 });
+      const dispatched = [...results, after].reduce((sum, result) => sum + result.dispatched, 0);
+      const dead = [...results, after].reduce((sum, result) => sum + result.dead, 0);
       assert.deepEqual(
         { dispatched, dead },
         { dispatched: 13_334 + 250, dead: 6_666 },
         `round ${round}`,
+      );
+      assert.ok(
+        after.dispatched <= 250 && after.dead === 0,
+        `round ${round}: ${JSON.stringify(after)}`,
       );
       const left = await admin.unsafe(
         `SELECT split_part(id, '-', 2) AS kind, count(*)::int AS n FROM ${o} GROUP BY 1 ORDER BY 1`,

@@ -45,7 +45,7 @@ import {
 } from "../../core/limits.ts";
 import { type FenceVerdict, fenceVerdict, newClaimToken } from "../../core/fence.ts";
 import { addMs } from "../../core/time.ts";
-import { maxOutcomeBytes, storableErrorText, storableMark } from "../../core/storable_text.ts";
+import { storableErrorText, storableMark } from "../../core/storable_text.ts";
 import type {
   JsonValue,
   OutboxAdmin,
@@ -1000,15 +1000,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     };
     const bytes = encodeJson(stored);
     const maxPayload = serverMaxPayload(this.#kv);
-    // A job's record also keeps its outcome once dispatched.
-    const headroom = updateHeadroomBytes +
-      (record.kind === "event.publish" ? 0 : maxOutcomeBytes);
-    if (maxPayload !== undefined && bytes.length + headroom > maxPayload) {
+    if (maxPayload !== undefined && bytes.length + updateHeadroomBytes > maxPayload) {
       throw new OutboxValidationError(
         "payload",
-        `Outbox record '${record.id}' is ${bytes.length} bytes as a NATS KV entry; it must stay ${headroom} bytes below the server's max_payload (${maxPayload}) so claims and marks can rewrite it${
-          record.kind === "event.publish" ? "" : " (a job's record keeps its outcome)"
-        }`,
+        `Outbox record '${record.id}' is ${bytes.length} bytes as a NATS KV entry; it must stay ${updateHeadroomBytes} bytes below the server's max_payload (${maxPayload}) so claims and marks can rewrite it`,
       );
     }
     return { stored, bytes };
