@@ -33,12 +33,14 @@ import { DatabaseSync } from "node:sqlite";
 import {
   consumeWithInbox,
   createJetStreamRuntime,
+  type JsonValue,
   MemoryInboxRepository,
   MemoryOutboxRepository,
   migrate,
   nodeSqliteExecutor,
   OutboxDispatcher,
   OutboxPublishError,
+  type OutboxPublishReceipt,
   type OutboxRuntime,
   SqlOutboxRepository,
 } from "../mod.ts";
@@ -483,4 +485,59 @@ Deno.test("failure texts reach spans bounded and clean; an error code that is no
   const types = failed.map((point) => String(point.attributes["error.type"])).toSorted();
   assert.deepEqual(types, ["error", "other"]);
   assert.equal(sum(failed), 3);
+});
+
+Deno.test("with instrumentRuntime, a receipt or job outcome that throws when read settles dead (unreadable) as without telemetry", async () => {
+  await using otel = withOtel();
+  const telemetry = new OutboxTelemetry({
+    tracerProvider: otel.tracerProvider,
+    meterProvider: otel.meterProvider,
+  });
+  const throwing = (field: string) => {
+    const value: Record<string, unknown> = {};
+    Object.defineProperty(value, field, {
+      enumerable: true,
+      get() {
+        throw new Error(`no ${field} for you`);
+      },
+    });
+    return value;
+  };
+  const attempts = new Map<string, number>();
+  const count = (id: string) => attempts.set(id, (attempts.get(id) ?? 0) + 1);
+  const runtime = telemetry.instrumentRuntime({
+    publishPreparedEvent: (event) => {
+      count(event.header.id);
+      return Promise.resolve(
+        event.header.id === "fine"
+          ? { duplicate: false, stream: "S", seq: 1 }
+          : throwing("duplicate") as OutboxPublishReceipt,
+      );
+    },
+    dispatchJobSubmission: (message) => {
+      count(message.id);
+      return Promise.resolve(throwing("duplicate") as JsonValue);
+    },
+  });
+  const outbox = new MemoryOutboxRepository();
+  await outbox.enqueueMany([
+    { id: "fine", kind: "event.publish", name: "e", subject: "a.b", payload: "{}", headers: {} },
+    { id: "receipt", kind: "event.publish", name: "e", subject: "a.b", payload: "{}", headers: {} },
+    { id: "job", kind: "job.submit", name: "j", subject: "jobs.j", payload: "{}", headers: {} },
+  ]);
+  const dispatcher = new OutboxDispatcher(outbox, runtime, {
+    ...telemetry.hooks,
+    retry: { maxAttempts: 5, baseMs: 1, capMs: 1 },
+    idleRetryMs: false,
+  });
+  await dispatcher.whenIdle();
+  await dispatcher.stop();
+  assert.equal((await outbox.get("fine"))?.state, "dispatched");
+  const receipt = await outbox.get("receipt");
+  assert.equal(receipt?.state, "dead");
+  assert.match(receipt?.lastError ?? "", /^unreadable: /);
+  assert.equal(attempts.get("receipt"), 1, "published once, not retried");
+  const job = await outbox.get("job");
+  assert.equal(job?.state, "dead");
+  assert.equal(attempts.get("job"), 1, "the job ran once");
 });

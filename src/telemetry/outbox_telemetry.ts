@@ -501,24 +501,27 @@ export class OutboxTelemetry {
         "messaging.message.id": event.header.id,
       },
     );
-    let outcome = this.#outcomes.ok;
+    let receipt: void | OutboxPublishReceipt;
     try {
-      const receipt = active
+      receipt = active
         ? await context.with(active, () => runtime.publishPreparedEvent(event, options))
         : await runtime.publishPreparedEvent(event, options);
-      if (receipt?.duplicate) {
-        outcome = this.#outcomes.duplicate;
-        span.setAttribute("outbox.duplicate", true);
-      }
-      return receipt;
     } catch (error) {
-      outcome = this.#outcomes.error;
       this.#spanFailed(span, error, event.event, "publish");
-      throw error;
-    } finally {
       span.end();
-      this.#publishDuration.record((performance.now() - started) / 1000, outcome);
+      this.#publishDuration.record((performance.now() - started) / 1000, this.#outcomes.error);
+      throw error;
     }
+    // Read outside the try: a receipt that throws when read is the dispatcher's to settle
+    // (dead, as without telemetry), not a publish failure to retry.
+    let outcome = this.#outcomes.ok;
+    if (isDuplicate(receipt)) {
+      outcome = this.#outcomes.duplicate;
+      span.setAttribute("outbox.duplicate", true);
+    }
+    span.end();
+    this.#publishDuration.record((performance.now() - started) / 1000, outcome);
+    return receipt;
   }
 
   async #span<T>(
@@ -532,18 +535,17 @@ export class OutboxTelemetry {
       "messaging.system": this.#system,
       "messaging.operation.type": "send",
     });
+    let result: T;
     try {
-      const result = active ? await context.with(active, work) : await work();
-      if ((result as OutboxPublishReceipt | undefined)?.duplicate) {
-        span.setAttribute("outbox.duplicate", true);
-      }
-      return result;
+      result = active ? await context.with(active, work) : await work();
     } catch (error) {
       this.#spanFailed(span, error, operation, phase);
-      throw error;
-    } finally {
       span.end();
+      throw error;
     }
+    if (isDuplicate(result)) span.setAttribute("outbox.duplicate", true);
+    span.end();
+    return result;
   }
 
   /**
@@ -701,4 +703,18 @@ function errorType(error: unknown): string {
     return "other";
   }
   return typeof type === "string" && type.length <= 64 ? type : "other";
+}
+
+/**
+ * Whether a runtime's result says `duplicate: true`. Never throws: a result whose fields cannot
+ * be read is not a duplicate here, and the dispatcher settles it (dead, `unreadable`) as it
+ * would without telemetry.
+ */
+function isDuplicate(result: unknown): boolean {
+  if (result === null || typeof result !== "object") return false;
+  try {
+    return (result as OutboxPublishReceipt).duplicate === true;
+  } catch {
+    return false;
+  }
 }
