@@ -9,12 +9,10 @@
  */
 
 import assert from "node:assert/strict";
-import postgres from "postgres";
-import { migrate, postgresJsExecutor } from "../mod.ts";
+import type postgres from "postgres";
 import { outboxStatements } from "../src/stores/sql/dialects.ts";
 import { resolveSqlOutboxTables } from "../src/stores/sql/tables.ts";
-import { postgresUrl } from "./kit/mod.ts";
-import { dropPostgresTables, uniqueTables } from "./sql/harness.ts";
+import { openPostgresTables } from "./sql/postgres_tables.ts";
 
 const rows = 50_000;
 const batchSize = 10_000;
@@ -72,46 +70,38 @@ async function checkLinear(
   which: "outbox" | "inbox",
   fill: (table: string) => string,
 ): Promise<void> {
-  const url = await postgresUrl();
-  const sql = postgres(url, { max: 1, onnotice: () => {} });
-  const tables = uniqueTables();
+  await using pg = await openPostgresTables();
+  const { admin: sql, tables } = pg;
   const table = tables[which];
-  try {
-    await migrate(postgresJsExecutor(sql), { dialect: "postgres", tables });
-    await sql.unsafe(`ALTER TABLE ${table} SET (autovacuum_enabled = false)`);
-    const statements = outboxStatements("postgres", resolveSqlOutboxTables(tables), false);
-    const statement = which === "outbox" ? statements.prune.dispatched : statements.inboxPrune;
-    const cutoff = new Date(Date.now() - 3_600_000).toISOString();
-    await sql.unsafe("SET plan_cache_mode = force_generic_plan");
-    await sql.unsafe(`PREPARE empty(text, bigint) AS ${statement}`);
-    await sql.unsafe(`EXECUTE empty('${cutoff}', ${batchSize})`);
-    await sql.unsafe(fill(table));
-    const plans: [string, PlanNode][] = [];
-    plans.push(["generic plan made on the empty table", await explainBatch(sql, "empty", cutoff)]);
-    await sql.unsafe("SET plan_cache_mode = force_custom_plan");
-    plans.push(["custom plan before ANALYZE", await explainBatch(sql, "empty", cutoff)]);
-    await sql.unsafe("SET plan_cache_mode = force_generic_plan");
-    await sql.unsafe(`PREPARE filled(text, bigint) AS ${statement}`);
-    plans.push(["generic plan made before ANALYZE", await explainBatch(sql, "filled", cutoff)]);
-    await sql.unsafe(`ANALYZE ${table}`);
-    await sql.unsafe(`PREPARE analyzed(text, bigint) AS ${statement}`);
-    plans.push(["generic plan made after ANALYZE", await explainBatch(sql, "analyzed", cutoff)]);
-    await sql.unsafe("SET plan_cache_mode = force_custom_plan");
-    plans.push(["custom plan after ANALYZE", await explainBatch(sql, "analyzed", cutoff)]);
-    for (const [mode, plan] of plans) {
-      const { total, nodes } = work(plan, table);
-      // The batch's rows (and its ties), read once.
-      assert.ok(
-        total <= 2 * batchSize,
-        `${which}, ${mode}: a batch of ${batchSize} did ${total} reads and comparisons (${
-          nodes.join("; ")
-        })`,
-      );
-    }
-  } finally {
-    await sql.unsafe("DEALLOCATE ALL").catch(() => {});
-    await dropPostgresTables(postgresJsExecutor(sql), tables);
-    await sql.end();
+  await sql.unsafe(`ALTER TABLE ${table} SET (autovacuum_enabled = false)`);
+  const statements = outboxStatements("postgres", resolveSqlOutboxTables(tables), false);
+  const statement = which === "outbox" ? statements.prune.dispatched : statements.inboxPrune;
+  const cutoff = new Date(Date.now() - 3_600_000).toISOString();
+  await sql.unsafe("SET plan_cache_mode = force_generic_plan");
+  await sql.unsafe(`PREPARE empty(text, bigint) AS ${statement}`);
+  await sql.unsafe(`EXECUTE empty('${cutoff}', ${batchSize})`);
+  await sql.unsafe(fill(table));
+  const plans: [string, PlanNode][] = [];
+  plans.push(["generic plan made on the empty table", await explainBatch(sql, "empty", cutoff)]);
+  await sql.unsafe("SET plan_cache_mode = force_custom_plan");
+  plans.push(["custom plan before ANALYZE", await explainBatch(sql, "empty", cutoff)]);
+  await sql.unsafe("SET plan_cache_mode = force_generic_plan");
+  await sql.unsafe(`PREPARE filled(text, bigint) AS ${statement}`);
+  plans.push(["generic plan made before ANALYZE", await explainBatch(sql, "filled", cutoff)]);
+  await sql.unsafe(`ANALYZE ${table}`);
+  await sql.unsafe(`PREPARE analyzed(text, bigint) AS ${statement}`);
+  plans.push(["generic plan made after ANALYZE", await explainBatch(sql, "analyzed", cutoff)]);
+  await sql.unsafe("SET plan_cache_mode = force_custom_plan");
+  plans.push(["custom plan after ANALYZE", await explainBatch(sql, "analyzed", cutoff)]);
+  for (const [mode, plan] of plans) {
+    const { total, nodes } = work(plan, table);
+    // The batch's rows (and its ties), read once.
+    assert.ok(
+      total <= 2 * batchSize,
+      `${which}, ${mode}: a batch of ${batchSize} did ${total} reads and comparisons (${
+        nodes.join("; ")
+      })`,
+    );
   }
 }
 
