@@ -19,7 +19,7 @@ import { outboxStatements } from "../src/stores/sql/dialects.ts";
 import { planGeneration } from "../src/stores/sql/plan_generations.ts";
 import { retireKeyStatements } from "../src/stores/sql/retire_keys.ts";
 import { resolveSqlOutboxTables } from "../src/stores/sql/tables.ts";
-import { planNodes } from "./sql/plan.ts";
+import { explainPlan, planNodes, readsTable, rowsRead } from "./sql/plan.ts";
 import { openPostgresTables } from "./sql/postgres_tables.ts";
 
 const history = 50_000;
@@ -281,21 +281,15 @@ async function genericPruneReads(
   await sql.unsafe(`PREPARE p(text, int) AS ${statement}`);
   for (let i = 0; i < 8; i++) await sql.unsafe(`EXECUTE p('${cutoff}', 1000)`);
   await sql.unsafe(fill);
-  const [row] = await sql.unsafe(`EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE p('${cutoff}', 1000)`);
-  let most = 0;
-  const scans: string[] = [];
-  const visit = (node: Record<string, unknown>): void => {
-    if (node["Relation Name"] === table && node["Node Type"] !== "ModifyTable") {
-      const read = Number(node["Actual Rows"]) + Number(node["Rows Removed by Filter"] ?? 0) +
-        Number(node["Rows Removed by Index Recheck"] ?? 0);
-      most = Math.max(most, read * Number(node["Actual Loops"]));
-      scans.push(String(node["Node Type"]));
-    }
-    for (const child of (node.Plans as Record<string, unknown>[] | undefined) ?? []) visit(child);
+  const plan = await explainPlan(
+    sql,
+    `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE p('${cutoff}', 1000)`,
+  );
+  const reads = planNodes(plan).filter((node) => readsTable(node, table));
+  return {
+    most: Math.max(0, ...reads.map(rowsRead)),
+    scans: reads.map((node) => node["Node Type"]),
   };
-  const explained = row["QUERY PLAN"];
-  visit((typeof explained === "string" ? JSON.parse(explained) : explained)[0].Plan);
-  return { most, scans };
 }
 
 Deno.test("postgres: an outbox prune statement planned on an empty outbox reads one batch of its index, not every prunable row", async () => {
@@ -373,27 +367,19 @@ Deno.test("postgres: prune's idle-key statements planned on empty tables probe i
   await sql.unsafe(
     `INSERT INTO ${keys} (ordering_key, stream_seq) SELECT 'k-' || lpad(g::text, 6, '0'), g + 1 FROM generate_series(0, 19999) AS g`,
   );
-  const explain = async (statement: string) => {
-    const [row] = await sql.unsafe(`EXPLAIN (ANALYZE, FORMAT JSON) ${statement}`);
-    const explained = row["QUERY PLAN"];
-    return planNodes((typeof explained === "string" ? JSON.parse(explained) : explained)[0].Plan);
-  };
   const round = await sql.begin(async (tx) => {
     const found = await tx.unsafe(`EXECUTE k('', 1000)`);
     const json = JSON.stringify(found.map((row) => row.ordering_key));
-    const [row] = await tx.unsafe(
+    const plan = await explainPlan(
+      tx,
       `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE r('${json}', '${cutoff}')`,
     );
-    const explained = row["QUERY PLAN"];
-    return {
-      found: found.length,
-      nodes: planNodes(
-        (typeof explained === "string" ? JSON.parse(explained) : explained)[0].Plan,
-      ),
-    };
+    return { found: found.length, nodes: planNodes(plan) };
   });
   assert.equal(round.found, 1_000);
-  const walk = await explain(`EXECUTE k('', 1000)`);
+  const walk = planNodes(
+    await explainPlan(sql, `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE k('', 1000)`),
+  );
   for (const node of [...walk, ...round.nodes]) {
     assert.ok(
       !(node["Node Type"] === "Seq Scan" && (node["Relation Name"] === o ||

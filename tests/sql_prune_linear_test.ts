@@ -12,12 +12,17 @@ import assert from "node:assert/strict";
 import type postgres from "postgres";
 import { outboxStatements } from "../src/stores/sql/dialects.ts";
 import { resolveSqlOutboxTables } from "../src/stores/sql/tables.ts";
+import {
+  explainRolledBack,
+  modifyingNodes,
+  type PlanNode,
+  readsTable,
+  rowsRead,
+} from "./sql/plan.ts";
 import { openPostgresTables } from "./sql/postgres_tables.ts";
 
 const rows = 50_000;
 const batchSize = 10_000;
-
-type PlanNode = Record<string, unknown> & { Plans?: PlanNode[] };
 
 /**
  * The comparisons and row reads the DELETE of `plan` did on `table` (see the module's comment).
@@ -25,45 +30,30 @@ type PlanNode = Record<string, unknown> & { Plans?: PlanNode[] };
 function work(plan: PlanNode, table: string): { total: number; nodes: string[] } {
   let total = 0;
   const nodes: string[] = [];
-  const visit = (node: PlanNode, deleting: boolean): void => {
-    const loops = Number(node["Actual Loops"] ?? 1);
-    if (deleting && node["Relation Name"] === table && node["Node Type"] !== "ModifyTable") {
-      const read = (Number(node["Actual Rows"]) + Number(node["Rows Removed by Filter"] ?? 0) +
-        Number(node["Rows Removed by Index Recheck"] ?? 0)) * loops;
-      const searches = /= ANY \(\$\d+\)/.test(String(node["Filter"] ?? ""));
+  for (const node of modifyingNodes(plan)) {
+    if (readsTable(node, table)) {
+      const read = rowsRead(node);
+      const searches = /= ANY \(\$\d+\)/.test(String(node.Filter ?? ""));
       total += searches ? read * batchSize : read;
       nodes.push(`${node["Node Type"]} read ${read}${searches ? " searching the batch" : ""}`);
     }
-    if (deleting && node["Join Filter"] !== undefined) {
+    if (node["Join Filter"] !== undefined) {
       const compared = (Number(node["Actual Rows"]) +
-        Number(node["Rows Removed by Join Filter"] ?? 0)) * loops;
+        Number(node["Rows Removed by Join Filter"] ?? 0)) * Number(node["Actual Loops"] ?? 1);
       total += compared;
       nodes.push(`${node["Node Type"]} join filter compared ${compared}`);
     }
-    const into = deleting || node["Node Type"] === "ModifyTable";
-    for (const child of node.Plans ?? []) visit(child, into);
-  };
-  visit(plan, false);
+  }
   return { total, nodes };
 }
 
-/**
- * EXPLAIN ANALYZE of one batch of `batchSize` (rolled back) of the prepared statement `name`.
- */
-async function explainBatch(sql: postgres.Sql, name: string, cutoff: string): Promise<PlanNode> {
-  let plan: PlanNode | undefined;
-  await sql.begin(async (tx) => {
-    const [row] = await tx.unsafe(
-      `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE ${name}('${cutoff}', ${batchSize})`,
-    );
-    const explained = row["QUERY PLAN"];
-    plan = (typeof explained === "string" ? JSON.parse(explained) : explained)[0].Plan;
-    throw new Error("roll back");
-  }).catch((error) => {
-    if (!(error instanceof Error) || error.message !== "roll back") throw error;
-  });
-  assert.ok(plan);
-  return plan;
+/** EXPLAIN ANALYZE of one batch of `batchSize` (rolled back) of the prepared statement `name`. */
+function explainBatch(sql: postgres.Sql, name: string, cutoff: string): Promise<PlanNode> {
+  return explainRolledBack(
+    sql,
+    `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE ${name}('${cutoff}', ${batchSize})`,
+    [],
+  );
 }
 
 async function checkLinear(
