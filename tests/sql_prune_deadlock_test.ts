@@ -20,20 +20,11 @@
 
 import assert from "node:assert/strict";
 import { type OutboxRecord, postgresJsExecutor, SqlOutboxRepository } from "../mod.ts";
+import { keyedRecord } from "./conformance/records.ts";
 import { backendPid, settledOrWaiting } from "./sql/lock_waits.ts";
 import { openPostgresTables } from "./sql/postgres_tables.ts";
 
-function keyed(id: string, key: string): OutboxRecord {
-  return {
-    id,
-    kind: "event.publish",
-    name: "order.created",
-    subject: "orders.created",
-    payload: "{}",
-    headers: {},
-    orderingKey: key,
-  };
-}
+const keyed = (id: string, key: string): OutboxRecord => keyedRecord(id, key, { id });
 
 function isDeadlock(error: unknown): boolean {
   return (error as { code?: unknown })?.code === "40P01";
