@@ -9,23 +9,10 @@ import assert from "node:assert/strict";
 import type { KV } from "@nats-io/kv";
 import type { OutboxMessage, OutboxRecord } from "../mod.ts";
 import { keyEntryPrefix } from "../src/stores/nats_kv/keys.ts";
+import { keyedRecord } from "./conformance/records.ts";
 import { countingKv, newCounts, openKvFixture } from "./nats_kv_fixture.ts";
 
-let counter = 0;
-
-function keyed(orderingKey: string | undefined): OutboxRecord {
-  counter += 1;
-  const record: OutboxRecord = {
-    id: `kf-${counter}-${Math.random().toString(36).slice(2, 8)}`,
-    kind: "event.publish",
-    name: "n",
-    subject: "s.a",
-    payload: "{}",
-    headers: {},
-  };
-  if (orderingKey !== undefined) record.orderingKey = orderingKey;
-  return record;
-}
+const keyed = (orderingKey: string | undefined): OutboxRecord => keyedRecord("kf", orderingKey);
 
 function at(base: Date, ms: number): Date {
   return new Date(base.getTime() + ms);

@@ -8,7 +8,6 @@
 import type { KV, KvEntry } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
-import type { OutboxRecord } from "../mod.ts";
 import {
   createInboxBucket,
   createOutboxBucket,
@@ -16,8 +15,10 @@ import {
   NatsKvInboxRepository,
   type NatsKvOutboxOptions,
   NatsKvOutboxRepository,
+  type OutboxMessage,
+  type OutboxRecord,
 } from "../mod.ts";
-import { keyEntryPrefix, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
+import { keyEntryPrefix, markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
 import { connectNats, uniqueName } from "./kit/mod.ts";
 
 /** Per-method call counts, and entries delivered by watches and history scans. */
@@ -165,18 +166,35 @@ export function isKeyEntry(key: string): boolean {
   return key.startsWith(`${keyEntryPrefix}.`);
 }
 
-let keyedCounter = 0;
+/** One round of claims (up to 10, now) by each of `repositories` in turn: what they claimed. */
+export async function claimEach(
+  repositories: readonly NatsKvOutboxRepository[],
+): Promise<OutboxMessage[]> {
+  const claimed: OutboxMessage[] = [];
+  for (const repository of repositories) {
+    claimed.push(...await repository.claimDue(10, new Date()));
+  }
+  return claimed;
+}
 
-/** A fresh `event.publish` record of `orderingKey`, its id starting with `prefix`. */
-export function keyedRecord(prefix: string, orderingKey: string): OutboxRecord {
-  keyedCounter += 1;
-  return {
-    id: `${prefix}-${keyedCounter}-${Math.random().toString(36).slice(2, 8)}`,
-    kind: "event.publish",
-    name: "n",
-    subject: "s.a",
-    payload: "{}",
-    headers: {},
-    orderingKey,
-  };
+/**
+ * Two instances over one bucket: `a` enqueues `records` (messages of one key; the first, d, its
+ * head) and runs `deleteOfD` instead of each delete of d's marker (`send` makes the real delete);
+ * `b`, on the peer connection, has read d's marker into its index.
+ */
+export async function twoInstancesOverKey(
+  fixture: KvFixture,
+  records: OutboxRecord[],
+  deleteOfD: (send: () => Promise<void>) => Promise<void>,
+): Promise<{ a: NatsKvOutboxRepository; b: NatsKvOutboxRepository }> {
+  const dMarker = markerKeyOf(await outboxRecordKey(records[0].id));
+  const kv = intercept(fixture.kv, "delete", (del) => (key, ...rest) => {
+    if (key !== dMarker) return del(key, ...rest);
+    return deleteOfD(() => del(key, ...rest));
+  });
+  const a = fixture.outbox({ kv });
+  const b = fixture.outbox({ kv: fixture.peerKv });
+  await a.enqueueMany(records);
+  await b.blockedKeys(); // b's index knows d's marker
+  return { a, b };
 }

@@ -9,14 +9,8 @@ import assert from "node:assert/strict";
 import type { KV } from "@nats-io/kv";
 import type { OutboxMessage, OutboxRecord } from "../mod.ts";
 import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
-import {
-  countingKv,
-  intercept,
-  isKeyEntry,
-  keyedRecord,
-  newCounts,
-  openKvFixture,
-} from "./nats_kv_fixture.ts";
+import { keyedRecord } from "./conformance/records.ts";
+import { countingKv, intercept, isKeyEntry, newCounts, openKvFixture } from "./nats_kv_fixture.ts";
 
 const keyed = (orderingKey: string): OutboxRecord => keyedRecord("kr", orderingKey);
 

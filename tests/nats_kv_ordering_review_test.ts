@@ -8,9 +8,19 @@
 import assert from "node:assert/strict";
 import type { OutboxRecord } from "../mod.ts";
 import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
-import { intercept, isKeyEntry, keyedRecord, openKvFixture } from "./nats_kv_fixture.ts";
+import { keyedRecord } from "./conformance/records.ts";
+import {
+  claimEach,
+  intercept,
+  isKeyEntry,
+  openKvFixture,
+  twoInstancesOverKey,
+} from "./nats_kv_fixture.ts";
 
 const keyed = (orderingKey: string): OutboxRecord => keyedRecord("rv", orderingKey);
+
+/** A delete of the bucket that fails. */
+const failedDelete = (): Promise<void> => Promise.reject(new Error("delete failed (simulated)"));
 
 Deno.test("nats kv ordering review: a join that lands after its message was claimed, dispatched and handed over does not make it head again", async () => {
   await using fixture = await openKvFixture();
@@ -49,28 +59,18 @@ Deno.test("nats kv ordering review: a dispatched message whose marker outlived i
   await using fixture = await openKvFixture();
   const k = "stale-dispatched-marker";
   const [d, e, f] = [keyed(k), keyed(k), keyed(k)];
-  const dMarker = markerKeyOf(await outboxRecordKey(d.id));
   // The instance dispatching d loses its marker delete (a crash right after the hand-over, or a
   // failed delete): the marker stays in the bucket and in the other instance's index.
-  const kv = intercept(fixture.kv, "delete", (del) => async (key, ...rest) => {
-    if (key === dMarker) throw new Error("delete failed (simulated)");
-    return await del(key, ...rest);
-  });
-  const a = fixture.outbox({ kv });
-  const b = fixture.outbox({ kv: fixture.peerKv });
-  await a.enqueueMany([d, e, f]);
-  await b.blockedKeys(); // b's index knows d's marker
+  const { a, b } = await twoInstancesOverKey(fixture, [d, e, f], failedDelete);
   const [claimD] = await a.claimDue(10, new Date());
   assert.equal(claimD.id, d.id);
   assert.equal(await a.markDispatched(claimD, new Date(), undefined, { sequence: 5 }), true);
-  const [claimE] = [...await b.claimDue(10, new Date()), ...await a.claimDue(10, new Date())];
+  const [claimE] = await claimEach([b, a]);
   assert.equal(claimE?.id, e.id);
   assert.equal(claimE.keySequence, 5);
   assert.equal(await b.markDispatched(claimE, new Date(), undefined, { sequence: 6 }), true);
-  const claims = [...await b.claimDue(10, new Date()), ...await a.claimDue(10, new Date())];
-  const next = claims.length > 0
-    ? claims
-    : [...await b.claimDue(10, new Date()), ...await a.claimDue(10, new Date())];
+  const claims = await claimEach([b, a]);
+  const next = claims.length > 0 ? claims : await claimEach([b, a]);
   assert.deepEqual(next.map((m) => m.id), [f.id]);
   assert.equal(next[0].keySequence, 6, "f's key sequence is e's PubAck, not d's");
 });
@@ -79,19 +79,11 @@ Deno.test("nats kv ordering review: a skipped message whose marker outlived its 
   await using fixture = await openKvFixture();
   const k = "stale-dead-marker";
   const [d, e, f] = [keyed(k), keyed(k), keyed(k)];
-  const dMarker = markerKeyOf(await outboxRecordKey(d.id));
-  const kv = intercept(fixture.kv, "delete", (del) => async (key, ...rest) => {
-    if (key === dMarker) throw new Error("delete failed (simulated)");
-    return await del(key, ...rest);
-  });
-  const a = fixture.outbox({ kv });
-  const b = fixture.outbox({ kv: fixture.peerKv });
-  await a.enqueueMany([d, e, f]);
-  await b.blockedKeys();
+  const { a, b } = await twoInstancesOverKey(fixture, [d, e, f], failedDelete);
   const [claimD] = await a.claimDue(10, new Date());
   assert.equal(await a.markDead(claimD, { error: "poison", now: new Date() }), true);
   assert.equal(await b.unblockKey(k, { action: "skip" }), true);
-  const [claimE] = [...await b.claimDue(10, new Date()), ...await a.claimDue(10, new Date())];
+  const [claimE] = await claimEach([b, a]);
   assert.equal(claimE?.id, e.id);
   assert.equal(await b.markDispatched(claimE, new Date()), true);
   const claimed: string[] = [];

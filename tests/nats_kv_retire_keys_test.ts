@@ -6,7 +6,8 @@
 
 import assert from "node:assert/strict";
 import type { OutboxRecord } from "../mod.ts";
-import { intercept, isKeyEntry, keyedRecord, openKvFixture } from "./nats_kv_fixture.ts";
+import { keyedRecord } from "./conformance/records.ts";
+import { intercept, isKeyEntry, openKvFixture } from "./nats_kv_fixture.ts";
 
 const keyed = (orderingKey: string): OutboxRecord => keyedRecord("rk", orderingKey);
 const old = () => new Date(Date.now() - 120_000);

@@ -8,16 +8,21 @@
 
 import assert from "node:assert/strict";
 import type { NatsKvOutboxRepository, OutboxMessage, OutboxRecord } from "../mod.ts";
-import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
-import { countingKv, intercept, keyedRecord, newCounts, openKvFixture } from "./nats_kv_fixture.ts";
+import { keyedRecord } from "./conformance/records.ts";
+import {
+  claimEach,
+  countingKv,
+  newCounts,
+  openKvFixture,
+  twoInstancesOverKey,
+} from "./nats_kv_fixture.ts";
 
 const keyed = (orderingKey: string): OutboxRecord => keyedRecord("st", orderingKey);
 
 /** Up to three rounds of claims by every repository, until one claims something. */
 async function claimRounds(repositories: NatsKvOutboxRepository[]): Promise<OutboxMessage[]> {
   for (let round = 0; round < 3; round++) {
-    const got: OutboxMessage[] = [];
-    for (const repository of repositories) got.push(...await repository.claimDue(10, new Date()));
+    const got = await claimEach(repositories);
     if (got.length > 0) return got;
   }
   return [];
@@ -27,23 +32,17 @@ Deno.test("nats kv stalled key: a marker delete that lands after the peer's hand
   await using fixture = await openKvFixture();
   const k = "late-delete";
   const [d, e, f] = [keyed(k), keyed(k), keyed(k)];
-  const dMarker = markerKeyOf(await outboxRecordKey(d.id));
   // a's delete of d's marker is held (sent, not yet applied) until `release`.
   let release: (() => Promise<void>) | undefined;
-  const kv = intercept(fixture.kv, "delete", (del) => (key, ...rest) => {
-    if (key !== dMarker) return del(key, ...rest);
-    release = () => del(key, ...rest);
+  const { a, b } = await twoInstancesOverKey(fixture, [d, e, f], (send) => {
+    release = send;
     return Promise.resolve();
   });
-  const a = fixture.outbox({ kv });
-  const b = fixture.outbox({ kv: fixture.peerKv });
-  await a.enqueueMany([d, e, f]);
-  await b.blockedKeys(); // b's index knows d's marker
   const [claimD] = await a.claimDue(10, new Date());
   assert.equal(claimD.id, d.id);
   assert.equal(await a.markDispatched(claimD, new Date(), undefined, { sequence: 5 }), true);
   assert.ok(release, "a sent d's marker delete");
-  const [claimE] = [...await b.claimDue(10, new Date()), ...await a.claimDue(10, new Date())];
+  const [claimE] = await claimEach([b, a]);
   assert.equal(claimE?.id, e.id);
   // b's index still holds d's marker: its hand-over from e names d (dispatched) head.
   assert.equal(await b.markDispatched(claimE, new Date(), undefined, { sequence: 6 }), true);
@@ -58,20 +57,12 @@ Deno.test("nats kv stalled key: a lost marker delete does not stop the key once 
   await using fixture = await openKvFixture();
   const k = "lost-delete";
   const [d, e, f] = [keyed(k), keyed(k), keyed(k)];
-  const dMarker = markerKeyOf(await outboxRecordKey(d.id));
   // a's delete of d's marker is lost (never applied); a forgets the marker as it sends it.
-  const kv = intercept(fixture.kv, "delete", (del) => (key, ...rest) => {
-    if (key === dMarker) return Promise.resolve();
-    return del(key, ...rest);
-  });
-  const a = fixture.outbox({ kv });
-  const b = fixture.outbox({ kv: fixture.peerKv });
-  await a.enqueueMany([d, e, f]);
-  await b.blockedKeys(); // b's index knows d's marker
+  const { a, b } = await twoInstancesOverKey(fixture, [d, e, f], () => Promise.resolve());
   const [claimD] = await a.claimDue(10, new Date());
   assert.equal(claimD.id, d.id);
   assert.equal(await a.markDispatched(claimD, new Date(), undefined, { sequence: 5 }), true);
-  const [claimE] = [...await b.claimDue(10, new Date()), ...await a.claimDue(10, new Date())];
+  const [claimE] = await claimEach([b, a]);
   assert.equal(claimE?.id, e.id);
   assert.equal(await b.markDispatched(claimE, new Date(), undefined, { sequence: 6 }), true);
   await b.close(); // the only index that holds d's marker stops

@@ -6,48 +6,12 @@
 
 import assert from "node:assert/strict";
 import type postgres from "postgres";
-import {
-  type OutboxRecord,
-  postgresJsExecutor,
-  type SqlExecutor,
-  SqlOutboxRepository,
-} from "../mod.ts";
+import { type OutboxRecord, postgresJsExecutor, SqlOutboxRepository } from "../mod.ts";
+import { keyedRecord } from "./conformance/records.ts";
+import { heldExecutor } from "./sql/held_executor.ts";
 import { type Db, open } from "./sql/ordering_db.ts";
 
-function keyed(key: string, id: string): OutboxRecord {
-  return {
-    id,
-    kind: "event.publish",
-    name: "n",
-    subject: "s.a",
-    payload: JSON.stringify({ id }),
-    headers: {},
-    orderingKey: key,
-  };
-}
-
-/**
- * An executor whose transactions do their work, then wait for `commit()` before committing:
- * the other side of a race runs while this one holds its row locks.
- */
-function heldExecutor(inner: SqlExecutor) {
-  let commit!: () => void;
-  const gate = new Promise<void>((resolve) => commit = resolve);
-  let worked!: () => void;
-  const done = new Promise<void>((resolve) => worked = resolve);
-  const executor: SqlExecutor = {
-    query: (text, params) => inner.query(text, params),
-    transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
-      return inner.transaction!(async (tx) => {
-        const result = await fn(tx);
-        worked();
-        await gate;
-        return result;
-      });
-    },
-  };
-  return { executor, commit, worked: done };
-}
+const keyed = (key: string, id: string): OutboxRecord => keyedRecord(id, key, { id });
 
 /** Resolves once some session of this database waits for a row lock. */
 async function someoneWaitsForALock(sql: postgres.Sql): Promise<void> {

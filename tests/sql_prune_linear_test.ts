@@ -9,17 +9,20 @@
  */
 
 import assert from "node:assert/strict";
-import postgres from "postgres";
-import { migrate, postgresJsExecutor } from "../mod.ts";
+import type postgres from "postgres";
 import { outboxStatements } from "../src/stores/sql/dialects.ts";
 import { resolveSqlOutboxTables } from "../src/stores/sql/tables.ts";
-import { postgresUrl } from "./kit/mod.ts";
-import { dropPostgresTables, uniqueTables } from "./sql/harness.ts";
+import {
+  explainRolledBack,
+  modifyingNodes,
+  type PlanNode,
+  readsTable,
+  rowsRead,
+} from "./sql/plan.ts";
+import { openPostgresTables } from "./sql/postgres_tables.ts";
 
 const rows = 50_000;
 const batchSize = 10_000;
-
-type PlanNode = Record<string, unknown> & { Plans?: PlanNode[] };
 
 /**
  * The comparisons and row reads the DELETE of `plan` did on `table` (see the module's comment).
@@ -27,91 +30,68 @@ type PlanNode = Record<string, unknown> & { Plans?: PlanNode[] };
 function work(plan: PlanNode, table: string): { total: number; nodes: string[] } {
   let total = 0;
   const nodes: string[] = [];
-  const visit = (node: PlanNode, deleting: boolean): void => {
-    const loops = Number(node["Actual Loops"] ?? 1);
-    if (deleting && node["Relation Name"] === table && node["Node Type"] !== "ModifyTable") {
-      const read = (Number(node["Actual Rows"]) + Number(node["Rows Removed by Filter"] ?? 0) +
-        Number(node["Rows Removed by Index Recheck"] ?? 0)) * loops;
-      const searches = /= ANY \(\$\d+\)/.test(String(node["Filter"] ?? ""));
+  for (const node of modifyingNodes(plan)) {
+    if (readsTable(node, table)) {
+      const read = rowsRead(node);
+      const searches = /= ANY \(\$\d+\)/.test(String(node.Filter ?? ""));
       total += searches ? read * batchSize : read;
       nodes.push(`${node["Node Type"]} read ${read}${searches ? " searching the batch" : ""}`);
     }
-    if (deleting && node["Join Filter"] !== undefined) {
+    if (node["Join Filter"] !== undefined) {
       const compared = (Number(node["Actual Rows"]) +
-        Number(node["Rows Removed by Join Filter"] ?? 0)) * loops;
+        Number(node["Rows Removed by Join Filter"] ?? 0)) * Number(node["Actual Loops"] ?? 1);
       total += compared;
       nodes.push(`${node["Node Type"]} join filter compared ${compared}`);
     }
-    const into = deleting || node["Node Type"] === "ModifyTable";
-    for (const child of node.Plans ?? []) visit(child, into);
-  };
-  visit(plan, false);
+  }
   return { total, nodes };
 }
 
-/**
- * EXPLAIN ANALYZE of one batch of `batchSize` (rolled back) of the prepared statement `name`.
- */
-async function explainBatch(sql: postgres.Sql, name: string, cutoff: string): Promise<PlanNode> {
-  let plan: PlanNode | undefined;
-  await sql.begin(async (tx) => {
-    const [row] = await tx.unsafe(
-      `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE ${name}('${cutoff}', ${batchSize})`,
-    );
-    const explained = row["QUERY PLAN"];
-    plan = (typeof explained === "string" ? JSON.parse(explained) : explained)[0].Plan;
-    throw new Error("roll back");
-  }).catch((error) => {
-    if (!(error instanceof Error) || error.message !== "roll back") throw error;
-  });
-  assert.ok(plan);
-  return plan;
+/** EXPLAIN ANALYZE of one batch of `batchSize` (rolled back) of the prepared statement `name`. */
+function explainBatch(sql: postgres.Sql, name: string, cutoff: string): Promise<PlanNode> {
+  return explainRolledBack(
+    sql,
+    `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE ${name}('${cutoff}', ${batchSize})`,
+    [],
+  );
 }
 
 async function checkLinear(
   which: "outbox" | "inbox",
   fill: (table: string) => string,
 ): Promise<void> {
-  const url = await postgresUrl();
-  const sql = postgres(url, { max: 1, onnotice: () => {} });
-  const tables = uniqueTables();
+  await using pg = await openPostgresTables();
+  const { admin: sql, tables } = pg;
   const table = tables[which];
-  try {
-    await migrate(postgresJsExecutor(sql), { dialect: "postgres", tables });
-    await sql.unsafe(`ALTER TABLE ${table} SET (autovacuum_enabled = false)`);
-    const statements = outboxStatements("postgres", resolveSqlOutboxTables(tables), false);
-    const statement = which === "outbox" ? statements.prune.dispatched : statements.inboxPrune;
-    const cutoff = new Date(Date.now() - 3_600_000).toISOString();
-    await sql.unsafe("SET plan_cache_mode = force_generic_plan");
-    await sql.unsafe(`PREPARE empty(text, bigint) AS ${statement}`);
-    await sql.unsafe(`EXECUTE empty('${cutoff}', ${batchSize})`);
-    await sql.unsafe(fill(table));
-    const plans: [string, PlanNode][] = [];
-    plans.push(["generic plan made on the empty table", await explainBatch(sql, "empty", cutoff)]);
-    await sql.unsafe("SET plan_cache_mode = force_custom_plan");
-    plans.push(["custom plan before ANALYZE", await explainBatch(sql, "empty", cutoff)]);
-    await sql.unsafe("SET plan_cache_mode = force_generic_plan");
-    await sql.unsafe(`PREPARE filled(text, bigint) AS ${statement}`);
-    plans.push(["generic plan made before ANALYZE", await explainBatch(sql, "filled", cutoff)]);
-    await sql.unsafe(`ANALYZE ${table}`);
-    await sql.unsafe(`PREPARE analyzed(text, bigint) AS ${statement}`);
-    plans.push(["generic plan made after ANALYZE", await explainBatch(sql, "analyzed", cutoff)]);
-    await sql.unsafe("SET plan_cache_mode = force_custom_plan");
-    plans.push(["custom plan after ANALYZE", await explainBatch(sql, "analyzed", cutoff)]);
-    for (const [mode, plan] of plans) {
-      const { total, nodes } = work(plan, table);
-      // The batch's rows (and its ties), read once.
-      assert.ok(
-        total <= 2 * batchSize,
-        `${which}, ${mode}: a batch of ${batchSize} did ${total} reads and comparisons (${
-          nodes.join("; ")
-        })`,
-      );
-    }
-  } finally {
-    await sql.unsafe("DEALLOCATE ALL").catch(() => {});
-    await dropPostgresTables(postgresJsExecutor(sql), tables);
-    await sql.end();
+  await sql.unsafe(`ALTER TABLE ${table} SET (autovacuum_enabled = false)`);
+  const statements = outboxStatements("postgres", resolveSqlOutboxTables(tables), false);
+  const statement = which === "outbox" ? statements.prune.dispatched : statements.inboxPrune;
+  const cutoff = new Date(Date.now() - 3_600_000).toISOString();
+  await sql.unsafe("SET plan_cache_mode = force_generic_plan");
+  await sql.unsafe(`PREPARE empty(text, bigint) AS ${statement}`);
+  await sql.unsafe(`EXECUTE empty('${cutoff}', ${batchSize})`);
+  await sql.unsafe(fill(table));
+  const plans: [string, PlanNode][] = [];
+  plans.push(["generic plan made on the empty table", await explainBatch(sql, "empty", cutoff)]);
+  await sql.unsafe("SET plan_cache_mode = force_custom_plan");
+  plans.push(["custom plan before ANALYZE", await explainBatch(sql, "empty", cutoff)]);
+  await sql.unsafe("SET plan_cache_mode = force_generic_plan");
+  await sql.unsafe(`PREPARE filled(text, bigint) AS ${statement}`);
+  plans.push(["generic plan made before ANALYZE", await explainBatch(sql, "filled", cutoff)]);
+  await sql.unsafe(`ANALYZE ${table}`);
+  await sql.unsafe(`PREPARE analyzed(text, bigint) AS ${statement}`);
+  plans.push(["generic plan made after ANALYZE", await explainBatch(sql, "analyzed", cutoff)]);
+  await sql.unsafe("SET plan_cache_mode = force_custom_plan");
+  plans.push(["custom plan after ANALYZE", await explainBatch(sql, "analyzed", cutoff)]);
+  for (const [mode, plan] of plans) {
+    const { total, nodes } = work(plan, table);
+    // The batch's rows (and its ties), read once.
+    assert.ok(
+      total <= 2 * batchSize,
+      `${which}, ${mode}: a batch of ${batchSize} did ${total} reads and comparisons (${
+        nodes.join("; ")
+      })`,
+    );
   }
 }
 

@@ -6,29 +6,16 @@
 
 import assert from "node:assert/strict";
 import { DatabaseSync } from "node:sqlite";
-import {
-  type OutboxRecord,
-  postgresJsExecutor,
-  type SqlExecutor,
-  SqlOutboxRepository,
-} from "../mod.ts";
+import { type OutboxRecord, postgresJsExecutor, SqlOutboxRepository } from "../mod.ts";
+import { keyedRecord } from "./conformance/records.ts";
+import { heldExecutor } from "./sql/held_executor.ts";
 import { type Db, open } from "./sql/ordering_db.ts";
 import { migrate, nodeSqliteExecutor } from "../mod.ts";
 import { openSqlite } from "./sql/harness.ts";
 import { retireKeyStatements } from "../src/stores/sql/retire_keys.ts";
 import { resolveSqlOutboxTables } from "../src/stores/sql/tables.ts";
 
-function keyed(key: string, id: string): OutboxRecord {
-  return {
-    id,
-    kind: "event.publish",
-    name: "n",
-    subject: "s.a",
-    payload: JSON.stringify({ id }),
-    headers: {},
-    orderingKey: key,
-  };
-}
+const keyed = (key: string, id: string): OutboxRecord => keyedRecord(id, key, { id });
 
 const old = () => new Date(Date.now() - 120_000);
 const cutoff = () => new Date(Date.now() - 60_000);
@@ -60,26 +47,6 @@ function openTransaction(db: Db, work: (outbox: SqlOutboxRepository) => Promise<
     if (!String(error).includes("on purpose")) throw error;
   });
   return { worked, commit, done };
-}
-
-/** An executor whose transactions do their work, then wait for `commit()` before committing. */
-function heldExecutor(inner: SqlExecutor) {
-  let commit!: () => void;
-  const gate = new Promise<void>((resolve) => commit = resolve);
-  let worked!: () => void;
-  const done = new Promise<void>((resolve) => worked = resolve);
-  const executor: SqlExecutor = {
-    query: (text, params) => inner.query(text, params),
-    transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
-      return inner.transaction!(async (tx) => {
-        const result = await fn(tx);
-        worked();
-        await gate;
-        return result;
-      });
-    },
-  };
-  return { executor, commit, worked: done };
 }
 
 /**

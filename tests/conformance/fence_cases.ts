@@ -9,26 +9,9 @@
 import assert from "node:assert/strict";
 import type { OutboxMessage, OutboxRecord } from "../../mod.ts";
 import type { ConformanceCase, OutboxStore } from "./cases.ts";
+import { keyedRecord, uniqueKey } from "./records.ts";
 
-let counter = 0;
-
-function keyed(orderingKey: string | undefined): OutboxRecord {
-  counter += 1;
-  const record: OutboxRecord = {
-    id: `fence-${counter}-${Math.random().toString(36).slice(2, 8)}`,
-    kind: "event.publish",
-    name: "order.updated",
-    subject: "orders.updated",
-    payload: JSON.stringify({ n: counter }),
-    headers: {},
-  };
-  if (orderingKey !== undefined) record.orderingKey = orderingKey;
-  return record;
-}
-
-function uniqueKey(name: string): string {
-  return `${name}-${Math.random().toString(36).slice(2, 8)}`;
-}
+const keyed = (orderingKey: string | undefined): OutboxRecord => keyedRecord("fence", orderingKey);
 
 function at(base: Date, ms: number): Date {
   return new Date(base.getTime() + ms);

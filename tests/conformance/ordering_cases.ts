@@ -8,26 +8,12 @@
 import assert from "node:assert/strict";
 import type { OutboxMessage, OutboxRecord } from "../../mod.ts";
 import type { ConformanceCase, ConformanceFixture, OutboxStore } from "./cases.ts";
+import { keyedRecord, uniqueKey } from "./records.ts";
 
-let counter = 0;
-
-function keyed(
+const keyed = (
   orderingKey: string | undefined,
   overrides: Partial<OutboxRecord> = {},
-): OutboxRecord {
-  counter += 1;
-  const record: OutboxRecord = {
-    id: `ord-${counter}-${Math.random().toString(36).slice(2, 8)}`,
-    kind: "event.publish",
-    name: "order.updated",
-    subject: "orders.updated",
-    payload: JSON.stringify({ n: counter }),
-    headers: {},
-    ...overrides,
-  };
-  if (orderingKey !== undefined) record.orderingKey = orderingKey;
-  return record;
-}
+): OutboxRecord => keyedRecord("ord", orderingKey, overrides);
 
 function at(base: Date, ms: number): Date {
   return new Date(base.getTime() + ms);
@@ -35,10 +21,6 @@ function at(base: Date, ms: number): Date {
 
 function ids(messages: ReadonlyArray<{ id: string }>): string[] {
   return messages.map((message) => message.id);
-}
-
-function uniqueKey(name: string): string {
-  return `${name}-${Math.random().toString(36).slice(2, 8)}`;
 }
 
 async function dispatchAll(outbox: OutboxStore, claims: OutboxMessage[], now: Date) {

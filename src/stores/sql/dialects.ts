@@ -12,7 +12,7 @@
  */
 
 import { heldHeadsSql, waitingSql } from "./ordering_schema.ts";
-import { activeStatesSql, terminalStatesSql } from "./schema.ts";
+import { activeStatesSql, outboxColumnsV3, terminalStatesSql } from "./schema.ts";
 import { pendingSql, retrySql } from "./schema_v3.ts";
 import { keySequencesTable } from "./schema_v4.ts";
 import type { ResolvedSqlOutboxTables, SqlDialect } from "./tables.ts";
@@ -406,24 +406,26 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
 }
 
 /**
- * The columns SQLite's claim returns (plus `key_sequence`). The columns the claim sets to its own
- * parameters (`state`, `updated_at`, `next_attempt_at`, `claim_token`) are left out: the
- * repository knows them, and each returned column is a string node:sqlite copies into a new
- * JavaScript string, per row.
+ * The outbox columns SQLite's claim leaves out of what it returns: those it sets to its own
+ * parameters (the repository knows them, and each returned column is a string node:sqlite copies
+ * into a new JavaScript string, per row), and `key_head` (a claimed keyed row is its key's head).
+ */
+const sqliteClaimOmits: ReadonlySet<string> = new Set([
+  "state",
+  "updated_at",
+  "next_attempt_at",
+  "claim_token",
+  "key_head",
+]);
+
+/**
+ * The columns SQLite's claim returns (plus `key_sequence`): `seq`, then every other column of the
+ * outbox ({@linkcode outboxColumnsV3}) but those in `sqliteClaimOmits`, so a column added to the
+ * schema is returned (and checked in every claimed row) without being listed here.
  */
 export const sqliteClaimColumns: readonly string[] = [
   "seq",
-  "id",
-  "kind",
-  "name",
-  "subject",
-  "payload",
-  "headers",
-  "attempts",
-  "created_at",
-  "last_error",
-  "outcome",
-  "ordering_key",
+  ...outboxColumnsV3.filter((column) => column !== "seq" && !sqliteClaimOmits.has(column)),
 ];
 
 function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
