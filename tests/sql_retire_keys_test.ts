@@ -240,7 +240,10 @@ Deno.test("postgres retire keys: two pruners at once with enqueues of the same k
     ]);
     assert.equal(results[0]!.dispatched + results[1]!.dispatched, keys.length);
     await db.outbox.prune({ dispatchedBefore: cutoff() });
-    assert.deepEqual(await keyRows(db), []);
+    // Every idle key is retired. A busy key stays when its second message was enqueued before a
+    // pruner reached it (then it is not idle); that race is the point of the test.
+    const kept = await keyRows(db);
+    assert.deepEqual(kept.filter((key) => !busy.includes(key)), []);
     for (const key of busy) await db.outbox.enqueue(keyed(key, `${key}-c`));
     const order = new Map<string, string[]>();
     for (let round = 0; round < 4; round++) {
