@@ -472,10 +472,10 @@ export class ActiveIndex {
     const written = entry.created.getTime();
     if (written > this.#serverTimeMs) this.#serverTimeMs = written;
     if (entry.revision > this.#lastRevision) this.#lastRevision = entry.revision;
-    if (isKeyEntryKey(entry.key)) this.#applyKeyEntry(entry);
-    else if (entry.key === purgeNoticeKey) {
+    if (entry.key === purgeNoticeKey) {
       if (entry.revision > this.#noticeFloor) this.#rebuildAfterPurge();
-    } else if (entry.key !== syncKey) {
+    } else if (isKeyEntryKey(entry.key)) this.#applyKeyEntry(entry);
+    else if (entry.key !== syncKey) {
       if (entry.operation === "PUT") this.#upsert(entry);
       else {
         const known = this.#entries.get(entry.key);
