@@ -76,6 +76,7 @@ import {
   keyEntryPrefix,
   markerKeyOf,
   outboxRecordKey,
+  purgeNoticeKey,
   recordPrefix,
   tokenOf,
 } from "./keys.ts";
@@ -260,6 +261,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * `#repairKeys`).
    */
   #quietHeads = new Map<string, number>();
+  /** Marker tombstones purged by `prune` so far (see `purgeNoticeKey`). */
+  #markerPurges = 0;
 
   /** Uses `kv` (a bucket from `Kvm#create` / `Kvm#open`, or `createOutboxBucket`). */
   constructor(kv: KV, options: NatsKvOutboxOptions = {}) {
@@ -554,6 +557,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       }
     });
     const purge = rawPurger(this.#kv);
+    const markerPurges = this.#markerPurges;
     for (const state of ["dispatched", "dead"] as const) {
       const entries = victims[state];
       for (let start = 0; start < entries.length; start += batchSize) {
@@ -570,10 +574,19 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         options.onProgress?.({ ...result });
       }
     }
+    // Purges under `q.>` may have made lagging watches skip markers: they rebuild (keys.ts).
+    if (this.#markerPurges !== markerPurges) await this.#noticePurge();
     if (dispatchedBefore !== undefined && !options.dryRun) {
-      await this.#retireIdleKeys(dispatchedBefore, batchSize, purge);
+      if (await this.#retireIdleKeys(dispatchedBefore, batchSize, purge) > 0) {
+        await this.#noticePurge();
+      }
     }
     return result;
+  }
+
+  /** Tells every claimer's index that entries under `q.>` were purged (see `purgeNoticeKey`). */
+  async #noticePurge(): Promise<void> {
+    await this.#requests.put(purgeNoticeKey, new Date().toISOString());
   }
 
   /**
@@ -1270,7 +1283,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       // The settled record's marker tombstone goes too, keeping the watch's snapshot small.
       const markerKey = markerKeyOf(entry.key);
       const marker = await this.#requests.get(markerKey);
-      if (marker && marker.operation !== "PUT") await purge(markerKey, marker.revision);
+      if (marker && marker.operation !== "PUT") {
+        this.#markerPurges += 1;
+        await purge(markerKey, marker.revision);
+      }
     }
     return true;
   }
