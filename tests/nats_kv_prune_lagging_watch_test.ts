@@ -18,7 +18,8 @@ import { DeliverPolicy, jetstream } from "@nats-io/jetstream";
 import type { Bucket, KV, KvWatchEntry } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { NatsKvOutboxRepository, OutboxRecord } from "../mod.ts";
-import { intercept, keyedRecord, openKvFixture } from "./nats_kv_fixture.ts";
+import { keyedRecord } from "./conformance/records.ts";
+import { intercept, openKvFixture } from "./nats_kv_fixture.ts";
 
 const old = () => new Date(Date.now() - 120_000);
 const cutoff = () => new Date(Date.now() - 60_000);
