@@ -204,7 +204,12 @@ export {
   type SqliteExecutorOptions,
   type SqlRow,
 } from "./src/stores/sql/executors.ts";
-export { SqlForeignTransactionError } from "./src/stores/sql/errors.ts";
+export { SqlForeignTransactionError, SqliteWorkerClosedError } from "./src/stores/sql/errors.ts";
+export {
+  type SqliteWorkerExecutor,
+  sqliteWorkerExecutor,
+  type SqliteWorkerExecutorOptions,
+} from "./src/stores/sql/sqlite_worker_executor.ts";
 export { createPostgresOutboxSchema, createSqliteOutboxSchema } from "./src/stores/sql/schema.ts";
 export {
   getSqlOutboxMigrations,
