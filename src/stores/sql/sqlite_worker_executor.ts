@@ -203,14 +203,28 @@ export async function sqliteWorkerExecutor(
     synchronous,
     wal: options.wal ?? true,
   };
-  const connection = new WorkerConnection(new Worker(workerUrl(), { workerData: setup }));
+  const worker = new Worker(workerUrl(), { workerData: setup });
+  const connection = new WorkerConnection(worker);
   try {
     await connection.opened;
   } catch (error) {
     await connection.terminate();
     throw error;
   }
-  return connection.executor();
+  const executor = connection.executor();
+  threads.set(executor, worker);
+  return executor;
+}
+
+/** The thread behind each executor, for tests that end it behind the executor's back. */
+const threads = new WeakMap<SqlExecutor, Worker>();
+
+/**
+ * The worker thread behind `executor` (internal: tests use it to end the thread abruptly);
+ * `undefined` for any other executor.
+ */
+export function sqliteWorkerThreadOf(executor: SqlExecutor): Worker | undefined {
+  return threads.get(executor);
 }
 
 /** A request without its id (assigned when it is posted). */
@@ -275,9 +289,10 @@ class WorkerConnection {
     if (this.#gone) return Promise.reject(this.#gone);
     const id = this.#nextId++;
     return new Promise<SqlRow[]>((resolve, reject) => {
+      // Posted first: a parameter that cannot be cloned throws here, and nothing waits for it.
+      this.#worker.postMessage({ ...request, id } as SqliteWorkerRequest);
       if (this.#pending.size === 0) this.#worker.ref();
       this.#pending.set(id, { resolve, reject });
-      this.#worker.postMessage({ ...request, id } as SqliteWorkerRequest);
     });
   }
 
