@@ -20,8 +20,8 @@ import {
   postgresJsExecutor,
   type SqlExecutor,
   SqlInboxRepository,
-  SqlOutboxRepository,
   sqliteWorkerExecutor,
+  SqlOutboxRepository,
 } from "@outbox/nats";
 import type { ConformanceFixture } from "../conformance/cases.ts";
 import { testConformance } from "./conformance.ts";

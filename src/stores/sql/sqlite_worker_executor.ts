@@ -170,8 +170,7 @@ let savepointCounter = 0;
  *   new SqlOutboxRepository(relay, "sqlite"),
  *   createJetStreamRuntime(jetstream(nc)),
  * );
- * dispatcher.start();
- * // ... on shutdown:
+ * // It relays from now on; on shutdown:
  * await dispatcher.stop();
  * await relay.close();
  * await nc.close();
