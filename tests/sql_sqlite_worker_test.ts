@@ -368,3 +368,32 @@ Deno.test("sqliteWorkerExecutor: while a worker transaction holds the write lock
     }
   });
 });
+
+/** Settles `call` or, after `ms`, reports it as still pending (a hang). */
+function settledWithin(call: Promise<unknown>, ms = 2_000): Promise<string> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  return Promise.race([
+    call.then(() => "fulfilled", (error) => `rejected: ${(error as Error)?.name}`),
+    new Promise<string>((resolve) => timer = setTimeout(() => resolve("pending"), ms)),
+  ]).finally(() => clearTimeout(timer));
+}
+
+Deno.test("sqliteWorkerExecutor: a second close() while the first waits does not end the thread under the statements sent before it", async () => {
+  await withFile(async (path) => {
+    const worker = await sqliteWorkerExecutor(path);
+    await worker.query("CREATE TABLE t (v TEXT)", []);
+    // Sent before close(): close() promises they finish, whichever close() call ends the thread.
+    const slow = outcome(worker.query(
+      "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 2000000) SELECT count(*) AS n FROM c",
+      [],
+    ));
+    const sent = outcome(worker.query("INSERT INTO t VALUES ('kept') RETURNING v", []));
+    const closing = Promise.all([worker.close(), worker.close(), worker[Symbol.asyncDispose]()]);
+    assert.deepEqual(await slow, { rows: [{ n: 2_000_000 }] });
+    assert.deepEqual(await sent, { rows: [{ v: "kept" }] });
+    await closing;
+    const db = new DatabaseSync(path);
+    assert.equal(db.prepare("SELECT count(*) AS n FROM t").all()[0].n, 1);
+    db.close();
+  });
+});

@@ -306,7 +306,19 @@ class WorkerConnection {
     await this.#exited;
   }
 
-  async close(): Promise<void> {
+  /** The one close of this connection: a second `close()` waits for the first. */
+  #closing: Promise<void> | undefined;
+
+  /**
+   * Idempotent: a second call (`await using` after an explicit `close()`, two shutdown hooks)
+   * returns the first call's promise instead of ending the thread under the statements the
+   * first one lets finish.
+   */
+  close(): Promise<void> {
+    return this.#closing ??= this.#close();
+  }
+
+  async #close(): Promise<void> {
     if (!this.#gone) {
       // Behind every statement already posted: they finish first.
       const closing = this.send({ op: "close" });
