@@ -397,3 +397,38 @@ Deno.test("sqliteWorkerExecutor: a second close() while the first waits does not
     db.close();
   });
 });
+
+Deno.test("sqliteWorkerExecutor: after close(), calls queued behind a transaction that never ends, and later calls, reject instead of hanging", async () => {
+  await withFile(async (path) => {
+    const worker = await sqliteWorkerExecutor(path);
+    await worker.query("CREATE TABLE t (v TEXT)", []);
+    let entered!: () => void;
+    const inside = new Promise<void>((resolve) => entered = resolve);
+    let release!: () => void;
+    const never = new Promise<void>((resolve) => release = resolve);
+    const stuck = worker.transaction(async (tx) => {
+      await tx.query("INSERT INTO t VALUES ('x')", []);
+      entered();
+      await never; // an awaited call that does not come back (released at the end of the test)
+    });
+    await inside;
+    const queued = settledWithin(worker.query("SELECT 1 AS one", []));
+    const queuedTx = settledWithin(worker.transaction((tx) => tx.query("SELECT 1 AS one", [])));
+    assert.equal(await settledWithin(worker.close()), "fulfilled");
+    assert.equal(await queued, "rejected: SqliteWorkerClosedError");
+    assert.equal(await queuedTx, "rejected: SqliteWorkerClosedError");
+    assert.equal(
+      await settledWithin(worker.query("SELECT 2", [])),
+      "rejected: SqliteWorkerClosedError",
+    );
+    assert.equal(
+      await settledWithin(worker.transaction(() => Promise.resolve(1))),
+      "rejected: SqliteWorkerClosedError",
+    );
+    release();
+    await assert.rejects(stuck, SqliteWorkerClosedError); // its COMMIT cannot run any more
+    const db = new DatabaseSync(path);
+    assert.equal(db.prepare("SELECT count(*) AS n FROM t").all()[0].n, 0); // rolled back
+    db.close();
+  });
+});

@@ -240,6 +240,11 @@ class WorkerConnection {
   #nextId = 1;
   /** Why calls fail from now on, once closed or gone. */
   #gone: SqliteWorkerClosedError | undefined;
+  /**
+   * Calls queued behind a transaction and not started yet: rejected as soon as the executor is
+   * closed or its thread is gone, not when that transaction ends (its `fn` may never end).
+   */
+  readonly #waiting = new Set<(error: unknown) => void>();
   #exited: Promise<void>;
   /** Resolves once the database is open; rejects with the reason it could not be opened. */
   readonly opened: Promise<void>;
@@ -272,10 +277,34 @@ class WorkerConnection {
 
   /** Rejects every waiting call with `reason` and refuses new ones. */
   #fail(reason: SqliteWorkerClosedError): void {
-    this.#gone ??= reason;
+    this.#refuse(reason);
     const calls = [...this.#pending.values()];
     this.#pending.clear();
     for (const call of calls) call.reject(this.#gone);
+  }
+
+  /** Refuses new calls with `reason` (unless already refused) and rejects the queued ones. */
+  #refuse(reason: SqliteWorkerClosedError): void {
+    this.#gone ??= reason;
+    const waiting = [...this.#waiting];
+    this.#waiting.clear();
+    for (const reject of waiting) reject(this.#gone);
+  }
+
+  /**
+   * Runs `fn` on the queue once the entries before it ended, unless the executor is closed or
+   * its thread gone before then: the call then rejects at once instead of waiting for them.
+   */
+  queued<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.#gone) return Promise.reject(this.#gone);
+    return new Promise<T>((resolve, reject) => {
+      this.#waiting.add(reject);
+      this.#queue.run(() => {
+        this.#waiting.delete(reject);
+        if (this.#gone) throw this.#gone;
+        return fn();
+      }).then(resolve, reject);
+    });
   }
 
   /** The worker keeps the process alive only while a call waits for it. */
@@ -322,7 +351,7 @@ class WorkerConnection {
     if (!this.#gone) {
       // Behind every statement already posted: they finish first.
       const closing = this.send({ op: "close" });
-      this.#gone = new SqliteWorkerClosedError("closed", "close() was called");
+      this.#refuse(new SqliteWorkerClosedError("closed", "close() was called"));
       await closing.catch(() => {});
     }
     // The thread has closed the database (or is gone): end it.
@@ -334,6 +363,7 @@ class WorkerConnection {
 
   executor(): SqliteWorkerExecutor {
     const queue = this.#queue;
+    const queued = <T>(fn: () => Promise<T>) => this.queued(fn);
     const direct = (sql: string, params: readonly unknown[]) => this.query(sql, params);
     const exec = (sql: string) => this.send({ op: "exec", sql });
     const handle: SqlExecutor = {
@@ -357,10 +387,10 @@ class WorkerConnection {
     return {
       query(sql, params) {
         // While a transaction is open or waiting, a statement waits for it instead of joining.
-        return queue.busy ? queue.run(() => direct(sql, params)) : direct(sql, params);
+        return queue.busy ? queued(() => direct(sql, params)) : direct(sql, params);
       },
       transaction<T>(fn: (tx: SqlExecutor) => Promise<T>): Promise<T> {
-        return queue.run(async () => {
+        return queued(async () => {
           await exec("BEGIN IMMEDIATE");
           try {
             const result = await fn(handle);
