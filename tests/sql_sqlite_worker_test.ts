@@ -432,3 +432,32 @@ Deno.test("sqliteWorkerExecutor: after close(), calls queued behind a transactio
     db.close();
   });
 });
+
+Deno.test("sqliteWorkerExecutor: refuses the other spellings of a private database and URLs that are not file: URLs", async () => {
+  for (
+    const path of [
+      "file:%3Amemory%3A", // SQLite decodes the name: ":memory:"
+      "file:%3amemory%3a?cache=shared",
+      "file:/outbox_mem.db?vfs=memdb", // the in-memory VFS
+      "file:outbox_mem.db?mode=memory#x",
+      new URL("http://example.com/tmp/outbox_http.db"),
+    ]
+  ) {
+    await assert.rejects(
+      sqliteWorkerExecutor(path),
+      (error: unknown) => error instanceof OutboxValidationError && error.field === "path",
+      String(path),
+    );
+  }
+  await withFile(async (path) => {
+    // A file: URL (percent-encoded) and a file: URI string still open the file.
+    const spaced = path.replace(/app\.db$/, "my app.db");
+    for (const location of [new URL(`file://${spaced}`), `file:${path}?cache=private`]) {
+      const worker = await sqliteWorkerExecutor(location);
+      await worker.query("CREATE TABLE IF NOT EXISTS t (v TEXT)", []);
+      await worker.close();
+    }
+    await Deno.stat(spaced);
+    await Deno.stat(path);
+  });
+});

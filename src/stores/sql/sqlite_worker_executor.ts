@@ -6,6 +6,7 @@
  * @module
  */
 
+import { fileURLToPath } from "node:url";
 import { Worker } from "node:worker_threads";
 import { OutboxValidationError } from "../../core/errors.ts";
 import { nonNegative } from "../../core/limits.ts";
@@ -77,13 +78,34 @@ export interface SqliteWorkerExecutor extends SqlExecutor {
   [Symbol.asyncDispose](): Promise<void>;
 }
 
-/** Paths that name a private in-memory or temporary database, which a second thread cannot open. */
+/**
+ * Paths that name a private in-memory or temporary database, which a second thread cannot open.
+ * A `file:` URI is read as SQLite reads it: the fragment ignored, the name percent-decoded
+ * (`file:%3Amemory%3A` is `:memory:`), `mode=memory` and the in-memory VFS (`vfs=memdb`).
+ */
 function privateDatabase(path: string): boolean {
   if (path === "" || path === ":memory:") return true;
   if (!path.startsWith("file:")) return false;
-  const [name, query = ""] = path.slice("file:".length).split("?", 2);
-  return name === ":memory:" || name === "" ||
-    new URLSearchParams(query).get("mode") === "memory";
+  const [name, query = ""] = path.slice("file:".length).split("#", 1)[0].split("?", 2);
+  let decoded = name;
+  try {
+    decoded = decodeURIComponent(name);
+  } catch {
+    // not valid percent-encoding: SQLite keeps such text as it is
+  }
+  const params = new URLSearchParams(query);
+  return decoded === ":memory:" || decoded === "" || params.get("mode") === "memory" ||
+    params.get("vfs") === "memdb";
+}
+
+/** The file a `URL` names; `undefined` for a URL that does not name a local file. */
+function filePath(url: URL): string | undefined {
+  if (url.protocol !== "file:") return undefined;
+  try {
+    return fileURLToPath(url);
+  } catch {
+    return undefined; // a host other than localhost
+  }
 }
 
 /** The worker script next to this module (`.ts` under Deno from source, `.js` in the npm build). */
@@ -180,7 +202,13 @@ export async function sqliteWorkerExecutor(
   path: string | URL,
   options: SqliteWorkerExecutorOptions = {},
 ): Promise<SqliteWorkerExecutor> {
-  const file = path instanceof URL ? decodeURIComponent(path.pathname) : path;
+  const file = path instanceof URL ? filePath(path) : path;
+  if (path instanceof URL && file === undefined) {
+    throw new OutboxValidationError(
+      "path",
+      `sqliteWorkerExecutor needs a database file: ${path.href} is not a file: URL of this host`,
+    );
+  }
   if (typeof file !== "string" || privateDatabase(file)) {
     throw new OutboxValidationError(
       "path",
