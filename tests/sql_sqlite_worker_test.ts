@@ -461,3 +461,17 @@ Deno.test("sqliteWorkerExecutor: refuses the other spellings of a private databa
     await Deno.stat(path);
   });
 });
+
+Deno.test("sqliteWorkerExecutor: a parameter that cannot be mapped rejects the call (no synchronous throw), as on the calling thread", async () => {
+  await withFile(async (path) => {
+    const worker = await sqliteWorkerExecutor(path);
+    try {
+      let call: Promise<unknown> | undefined;
+      assert.doesNotThrow(() => call = worker.query("SELECT ?1 AS x", [new Date(NaN)]));
+      await assert.rejects(call!, RangeError);
+      assert.deepEqual(plain(await worker.query("SELECT 2 AS x", [])), [{ x: 2 }]);
+    } finally {
+      await worker.close();
+    }
+  });
+});

@@ -353,7 +353,13 @@ class WorkerConnection {
   }
 
   query(sql: string, params: readonly unknown[]): Promise<SqlRow[]> {
-    return this.send({ op: "query", sql, params: sqliteParams(params) });
+    let mapped: unknown[];
+    try {
+      mapped = sqliteParams(params); // throws for an invalid Date: a rejection, as elsewhere
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    return this.send({ op: "query", sql, params: mapped });
   }
 
   /** Ends the thread at once (it could not open the database). */
