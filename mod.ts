@@ -72,6 +72,7 @@ export {
   OutboxPublishError,
   OutboxSchemaError,
   OutboxStorageConflictError,
+  OutboxStoreClosedError,
   OutboxValidationError,
 } from "./src/core/errors.ts";
 export {

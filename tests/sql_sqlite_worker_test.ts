@@ -8,9 +8,12 @@
 
 import assert from "node:assert/strict";
 import { DatabaseSync } from "node:sqlite";
+import { jetstream } from "@nats-io/jetstream";
 import {
+  createJetStreamRuntime,
   migrate,
   nodeSqliteExecutor,
+  OutboxDispatcher,
   OutboxSchemaError,
   OutboxValidationError,
   type SqlExecutor,
@@ -21,6 +24,7 @@ import {
 } from "../mod.ts";
 import { sqliteWorkerThreadOf } from "../src/stores/sql/sqlite_worker_executor.ts";
 import { openSqlite } from "./sql/harness.ts";
+import { connectNats, createTestStream } from "./kit/mod.ts";
 
 async function withFile(fn: (path: string) => Promise<void>): Promise<void> {
   const dir = await Deno.makeTempDir({ prefix: "outbox_sqlite_worker_" });
@@ -472,6 +476,67 @@ Deno.test("sqliteWorkerExecutor: a parameter that cannot be mapped rejects the c
       assert.deepEqual(plain(await worker.query("SELECT 2 AS x", [])), [{ x: 2 }]);
     } finally {
       await worker.close();
+    }
+  });
+});
+
+Deno.test("sqliteWorkerExecutor: after the relay's thread dies, dispatcher.stop() does not retry marks on it until the lease ends", async () => {
+  // A dead thread's executor never answers again: retrying a mark on it (as for a database
+  // blip) only holds stop() for the rest of the lease. The claimed messages stay claimed and a
+  // fresh relay publishes them again after the lease (deduplicated by Nats-Msg-Id).
+  await withFile(async (path) => {
+    const db = openSqlite(path);
+    const nc = await connectNats();
+    await using stream = await createTestStream(nc);
+    const worker = await sqliteWorkerExecutor(path);
+    try {
+      const app = nodeSqliteExecutor(db);
+      await migrate(app, { dialect: "sqlite" });
+      const outbox = new SqlOutboxRepository(app, "sqlite");
+      for (let i = 0; i < 5; i++) {
+        await outbox.enqueue({
+          id: `m-${i}`,
+          kind: "event.publish",
+          name: "n",
+          subject: `${stream.prefix}.x`,
+          payload: "{}",
+          headers: {},
+        });
+      }
+      const jetStreamRuntime = createJetStreamRuntime(jetstream(nc));
+      let published!: () => void;
+      const publishing = new Promise<void>((resolve) => published = resolve);
+      let threadDead!: () => void;
+      const dead = new Promise<void>((resolve) => threadDead = resolve);
+      const leaseMs = 6_000;
+      const dispatcher = new OutboxDispatcher(
+        new SqlOutboxRepository(worker, "sqlite"),
+        {
+          // The broker acknowledges while the relay's thread dies: the marks come after it.
+          async publishPreparedEvent(event, options) {
+            const receipt = await jetStreamRuntime.publishPreparedEvent(event, options);
+            published();
+            await dead;
+            return receipt;
+          },
+        },
+        { leaseMs, onError: () => {} },
+      );
+      await publishing;
+      await sqliteWorkerThreadOf(worker)!.terminate();
+      threadDead();
+      const started = performance.now();
+      await dispatcher.stop();
+      const stopMs = performance.now() - started;
+      assert.ok(stopMs < leaseMs / 3, `stop() took ${Math.round(stopMs)} ms`);
+      // Nothing was marked: the messages are still claimed, for a fresh relay after the lease.
+      const stats = await outbox.stats();
+      assert.equal(stats.dispatched, 0);
+      assert.equal(stats.claimed, 5);
+    } finally {
+      await worker.close();
+      await nc.close();
+      db.close();
     }
   });
 });

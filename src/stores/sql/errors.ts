@@ -4,6 +4,8 @@
  * @module
  */
 
+import { OutboxStoreClosedError } from "../../core/errors.ts";
+
 /**
  * A statement or transaction of the library found a transaction open on its connection that the
  * library did not open (your own `BEGIN`, an ORM's transaction), waited for it to end, and gave
@@ -102,7 +104,7 @@ export async function waitForForeignTransaction<T>(
  * }
  * ```
  */
-export class SqliteWorkerClosedError extends Error {
+export class SqliteWorkerClosedError extends OutboxStoreClosedError {
   /** `"closed"`: `close()` was called; `"exited"`: the worker thread ended or failed. */
   readonly reason: "closed" | "exited";
   /** Creates the error; `options.cause` carries the thread's error or exit code. */
