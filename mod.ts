@@ -72,6 +72,7 @@ export {
   OutboxPublishError,
   OutboxSchemaError,
   OutboxStorageConflictError,
+  OutboxStoreClosedError,
   OutboxValidationError,
 } from "./src/core/errors.ts";
 export {
@@ -204,7 +205,12 @@ export {
   type SqliteExecutorOptions,
   type SqlRow,
 } from "./src/stores/sql/executors.ts";
-export { SqlForeignTransactionError } from "./src/stores/sql/errors.ts";
+export { SqlForeignTransactionError, SqliteWorkerClosedError } from "./src/stores/sql/errors.ts";
+export {
+  type SqliteWorkerExecutor,
+  sqliteWorkerExecutor,
+  type SqliteWorkerExecutorOptions,
+} from "./src/stores/sql/sqlite_worker_executor.ts";
 export { createPostgresOutboxSchema, createSqliteOutboxSchema } from "./src/stores/sql/schema.ts";
 export {
   getSqlOutboxMigrations,

@@ -9,7 +9,7 @@
  *
  * Options (all optional): `--count=20000` messages per throughput scenario, `--window=256`
  * PubAcks in flight for raw publishing, `--rounds=3` (every scenario runs once per round, rounds
- * interleave, the table shows medians), `--only=a,p,b,pg,pg-keys,pg-1key,sqlite,sqlite-normal,kv,memory,otel-api,otel-sdk,
+ * interleave, the table shows medians), `--only=a,p,b,pg,pg-keys,pg-1key,sqlite,sqlite-normal,sqlite-worker,sqlite-worker-normal,kv,memory,otel-api,otel-sdk,
  * p-r1,p-r3,pg-r1,pg-r3,latency,rss` (a subset; the `-r1`/`-r3` scenarios run on a private
  * 3-node cluster started through the test kit, see below), `--latency-seconds=20`, `--latency-rate=1000`, `--latency-rounds=2`
  * (runs per wake-up mode, alternating which runs first), `--rss-count=100000`,
@@ -240,7 +240,12 @@ async function main(): Promise<void> {
   }
 
   /** The SQLite relay; `synchronous` sets that pragma in the relay's process (else SQLite's default). */
-  function sqliteScenario(id: string, label: string, synchronous?: "NORMAL"): Scenario {
+  function sqliteScenario(
+    id: string,
+    label: string,
+    synchronous?: "NORMAL",
+    worker = false,
+  ): Scenario {
     return {
       id,
       label,
@@ -264,6 +269,7 @@ async function main(): Promise<void> {
           telemetry: "off",
           sqlitePath: path,
           ...(synchronous ? { sqliteSynchronous: synchronous } : {}),
+          ...(worker ? { sqliteWorker: true } : {}),
         };
         return {
           file: "outbox_dispatch.ts",
@@ -465,6 +471,18 @@ async function main(): Promise<void> {
       "(c) OutboxDispatcher, SQLite, WAL file, synchronous = NORMAL",
       "NORMAL",
     ),
+    sqliteScenario(
+      "sqlite-worker",
+      "(c) OutboxDispatcher, SQLite, WAL file, statements on a worker thread (sqliteWorkerExecutor)",
+      undefined,
+      true,
+    ),
+    sqliteScenario(
+      "sqlite-worker-normal",
+      "(c) OutboxDispatcher, SQLite, WAL file, worker thread, synchronous = NORMAL",
+      "NORMAL",
+      true,
+    ),
     {
       id: "kv",
       label: "(c) OutboxDispatcher, NATS KV",
@@ -621,6 +639,10 @@ async function main(): Promise<void> {
   };
   const cpuPerMessage = (r: ScenarioResult) =>
     r.cpuSeconds === undefined ? "-" : (r.cpuSeconds * 1e6 / r.messages).toFixed(1);
+  const mainCpuPerMessage = (r: ScenarioResult) =>
+    typeof r.mainThreadCpuSeconds !== "number"
+      ? "-"
+      : (r.mainThreadCpuSeconds * 1e6 / r.messages).toFixed(1);
   const serverCpuPerMessage = (r: ScenarioResult) =>
     typeof r.serverCpuSeconds !== "number"
       ? "-"
@@ -741,7 +763,7 @@ async function main(): Promise<void> {
         console.error(
           `round ${round}/${rounds}: ${scenario.label}: ${fmt(rate(result))} msg/s, ${
             cpuPerMessage(result)
-          } µs CPU/msg${
+          } µs CPU/msg (main thread ${mainCpuPerMessage(result)})${
             result.serverCpuSeconds === undefined
               ? ""
               : ` (Postgres ${serverCpuPerMessage(result)} µs/msg)`
@@ -766,8 +788,8 @@ async function main(): Promise<void> {
           records("x", "p", 1)[0].payload.length
         } bytes, 16 subjects, Nats-Msg-Id on every message; median of ${rounds} round(s) (min - max):`,
         "",
-        "| scenario | msg/s | ratio to (a) | ratio to (b) | of the ceiling (p) | CPU µs/msg | Postgres CPU µs/msg | peak RSS (MB) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| scenario | msg/s | ratio to (a) | ratio to (b) | of the ceiling (p) | CPU µs/msg | main thread CPU µs/msg | Postgres CPU µs/msg | peak RSS (MB) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
       );
       for (const scenario of selected) {
         const list = results.get(scenario.id);
@@ -786,8 +808,8 @@ async function main(): Promise<void> {
           `| ${scenario.label} | ${fmt(m)}${range} | ${ratio(a && m / a)} | ${
             ratio(b && m / b)
           } | ${ceiling ? (m / ceiling).toFixed(2) : "-"} | ${medianOf(cpuPerMessage)} | ${
-            medianOf(serverCpuPerMessage)
-          } | ${mb(peak)} |`,
+            medianOf(mainCpuPerMessage)
+          } | ${medianOf(serverCpuPerMessage)} | ${mb(peak)} |`,
         );
       }
       const pg = medianRate("pg");

@@ -193,12 +193,17 @@ const nodeIncompatible: Array<[RegExp, string]> = [
 /**
  * Uses that are guarded at run time, by file: the CLI runs itself when `import.meta.main` is
  * true (undefined, so false, on Node), and loads SQLite with
- * `process.getBuiltinModule("node:sqlite")`, falling back to better-sqlite3 where it is missing.
+ * `process.getBuiltinModule("node:sqlite")`, falling back to better-sqlite3 where it is missing;
+ * the SQLite worker executor's thread loads it the same way and reports a clear error where it is
+ * missing (its executor's open then rejects with it).
  */
 const guarded: Record<string, string[]> = {
   "cli.js": ["import.meta.main"],
   "src/cli/sqlite.js": ["node:sqlite (Node 22+ only; take the database from the caller)"],
   "src/cli/sqlite.d.ts": ["node:sqlite (Node 22+ only; take the database from the caller)"],
+  "src/stores/sql/sqlite_worker_thread.js": [
+    "node:sqlite (Node 22+ only; take the database from the caller)",
+  ],
 };
 const problems: string[] = [];
 for (const suffix of [".js", ".d.ts"]) {

@@ -1,4 +1,5 @@
 import { testConformance } from "./conformance/deno.ts";
-import { sqliteHarness } from "./sql/harness.ts";
+import { sqliteHarness, sqliteWorkerHarness } from "./sql/harness.ts";
 
 testConformance(sqliteHarness);
+testConformance(sqliteWorkerHarness);

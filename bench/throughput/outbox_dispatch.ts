@@ -22,6 +22,7 @@ import {
   type OutboxRepository,
   type OutboxRuntime,
   postgresJsExecutor,
+  sqliteWorkerExecutor,
   SqlOutboxRepository,
   type SqlOutboxTables,
 } from "../../mod.ts";
@@ -47,6 +48,8 @@ export interface OutboxDispatchConfig {
   sqlitePath?: string;
   /** `PRAGMA synchronous` for the SQLite relay's connection (SQLite's default, FULL, if unset). */
   sqliteSynchronous?: "NORMAL";
+  /** SQLite: the relay's statements on a worker thread (`sqliteWorkerExecutor`). */
+  sqliteWorker?: boolean;
   bucket?: string;
   /** memory: subject prefix and id tag of the messages to enqueue here. */
   prefix?: string;
@@ -71,6 +74,16 @@ if (import.meta.main) {
       break;
     }
     case "sqlite": {
+      if (config.sqliteWorker) {
+        // The same settings as openSqliteFile, on the worker's connection.
+        const executor = await sqliteWorkerExecutor(config.sqlitePath!, {
+          busyTimeoutMs: 5_000,
+          synchronous: config.sqliteSynchronous,
+        });
+        outbox = new SqlOutboxRepository(executor, "sqlite", config.tables);
+        close = () => executor.close();
+        break;
+      }
       const db = openSqliteFile(config.sqlitePath!);
       if (config.sqliteSynchronous) db.exec(`PRAGMA synchronous = ${config.sqliteSynchronous}`);
       outbox = new SqlOutboxRepository(nodeSqliteExecutor(db), "sqlite", config.tables);
@@ -124,7 +137,7 @@ if (import.meta.main) {
     : undefined;
   let batches = 0;
   let dispatched = 0;
-  const { seconds, cpuSeconds } = await timed(async () => {
+  const { seconds, cpuSeconds, mainThreadCpuSeconds } = await timed(async () => {
     const dispatcher = new OutboxDispatcher(outbox, runtime, {
       ...hooks,
       limit: config.limit,
@@ -148,6 +161,7 @@ if (import.meta.main) {
     messages: dispatched,
     seconds,
     cpuSeconds,
+    mainThreadCpuSeconds,
     batches,
     warmupMs,
     startRss,

@@ -42,7 +42,7 @@ if (import.meta.main) {
   // Payloads are built before the clock starts, as the outbox scenarios read them from a store.
   const payloads = Array.from({ length: config.count }, (_, i) => payload(i));
   let next = 0;
-  const { seconds, cpuSeconds } = await timed(async () => {
+  const { seconds, cpuSeconds, mainThreadCpuSeconds } = await timed(async () => {
     const worker = async () => {
       while (next < config.count) {
         const i = next++;
@@ -52,5 +52,5 @@ if (import.meta.main) {
     await Promise.all(Array.from({ length: config.window }, worker));
   });
   await nc.close();
-  report({ messages: config.count, seconds, cpuSeconds });
+  report({ messages: config.count, seconds, cpuSeconds, mainThreadCpuSeconds });
 }

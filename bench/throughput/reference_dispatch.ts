@@ -27,7 +27,7 @@ if (import.meta.main) {
   const js = jetstream(nc);
   const sql = postgres(config.postgresUrl, { max: 1, onnotice: () => {} });
   let dispatched = 0;
-  const { seconds, cpuSeconds } = await timed(async () => {
+  const { seconds, cpuSeconds, mainThreadCpuSeconds } = await timed(async () => {
     dispatched = await referenceDrain(sql, config.table, async (row) => {
       const h = natsHeaders();
       for (const [name, value] of Object.entries(row.headers ?? {})) h.set(name, value);
@@ -37,5 +37,5 @@ if (import.meta.main) {
   await sql.end();
   await nc.close();
   if (dispatched !== config.count) throw new Error(`dispatched ${dispatched} of ${config.count}`);
-  report({ messages: dispatched, seconds, cpuSeconds });
+  report({ messages: dispatched, seconds, cpuSeconds, mainThreadCpuSeconds });
 }

@@ -76,6 +76,29 @@ export class OutboxStorageConflictError extends Error {
 }
 
 /**
+ * A store that can run nothing any more: it was closed, or what it runs its statements on is
+ * gone for good (for example the worker thread of a `sqliteWorkerExecutor`). Unlike a database
+ * blip, retrying on the same repository cannot succeed, so the dispatcher does not retry a mark
+ * that failed with it until the lease ends (its claims stay claimed until their lease ends, and
+ * a relay on a new store publishes them again, deduplicated by `Nats-Msg-Id`). Stores throw
+ * subclasses of it.
+ *
+ * @example
+ * ```ts
+ * import { OutboxStoreClosedError } from "@outbox/nats";
+ * const error = new OutboxStoreClosedError("the executor is closed");
+ * console.log(error instanceof OutboxStoreClosedError, error.message);
+ * ```
+ */
+export class OutboxStoreClosedError extends Error {
+  /** Creates the error with `message` (the cause, when known, as `options.cause`). */
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "OutboxStoreClosedError";
+  }
+}
+
+/**
  * A stored message could not be decoded (corrupt row or entry, bad JSON payload, unknown kind).
  * Stores move such messages to `dead` with this error's message as `lastError`.
  *

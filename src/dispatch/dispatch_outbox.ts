@@ -9,6 +9,7 @@ import {
   errorMessage,
   OutboxCorruptRecordError,
   OutboxPublishError,
+  OutboxStoreClosedError,
   OutboxValidationError,
 } from "../core/errors.ts";
 import { outboxMessageToPreparedEvent } from "../core/events.ts";
@@ -870,7 +871,8 @@ function toMark(message: OutboxMessage, settlement: Settlement): OutboxMark {
 
 /**
  * Once the broker acknowledged a message, that fact must reach the store: a failed mark (a
- * database blip) is retried with backoff until the lease ends, instead of letting the lease
+ * database blip) is retried with backoff until the lease ends (not when the store is closed:
+ * `OutboxStoreClosedError`), instead of letting the lease
  * expire and publishing again. A retry after a partial failure counts every mark once: a store's
  * `markMany` reports marks its earlier call had applied as `true` (claim tokens), and the
  * one-by-one fallback does not send answered marks again.
@@ -886,6 +888,8 @@ async function applyMarksWithinLease(
     try {
       return await applyMarks(engine.repository, marks, engine.now(), answered);
     } catch (error) {
+      // A closed store answers no retry: the claims wait for their lease (and a new store).
+      if (error instanceof OutboxStoreClosedError) throw error;
       if (performance.now() + delay >= leaseEnd) throw error;
       await new Promise((resolve) => setTimeout(resolve, delay));
       delay = Math.min(delay * 2, 1_000);

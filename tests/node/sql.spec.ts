@@ -20,6 +20,7 @@ import {
   postgresJsExecutor,
   type SqlExecutor,
   SqlInboxRepository,
+  sqliteWorkerExecutor,
   SqlOutboxRepository,
 } from "@outbox/nats";
 import type { ConformanceFixture } from "../conformance/cases.ts";
@@ -58,6 +59,41 @@ for (const driver of sqliteDrivers) {
       };
     },
   }, driver.skip);
+
+  if (driver.name === "node:sqlite") {
+    // The relay's executor on a worker thread: its script ships in the package and resolves
+    // next to the compiled module. The peer is the application's own connection.
+    testConformance({
+      name: "node sqliteWorkerExecutor",
+      canCorrupt: true,
+      async open(): Promise<ConformanceFixture> {
+        const dir = mkdtempSync(join(tmpdir(), "outbox-sqlite-worker-"));
+        const path = join(dir, "outbox.db");
+        const peer = driver.open(path);
+        const executor = await sqliteWorkerExecutor(path, { busyTimeoutMs: 10_000 });
+        await migrate(executor, { dialect: "sqlite" });
+        return {
+          outbox: new SqlOutboxRepository(executor, "sqlite"),
+          inbox: new SqlInboxRepository(executor, "sqlite"),
+          peers: [{
+            outbox: new SqlOutboxRepository(peer.executor, "sqlite"),
+            inbox: new SqlInboxRepository(peer.executor, "sqlite"),
+          }],
+          async corrupt(id) {
+            await executor.query(
+              "UPDATE trellis_outbox SET headers = '{not json', kind = 'event.bogus' WHERE id = ?1",
+              [id],
+            );
+          },
+          async close() {
+            await executor.close();
+            peer.close();
+            rmSync(dir, { recursive: true, force: true });
+          },
+        };
+      },
+    });
+  }
 
   test(`node ${driver.name}: an unmigrated or version 1 database gives OutboxSchemaError`, {
     skip: driver.skip,

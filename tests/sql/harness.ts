@@ -17,6 +17,7 @@ import {
   postgresJsExecutor,
   type SqlExecutor,
   SqlInboxRepository,
+  sqliteWorkerExecutor,
   SqlOutboxRepository,
   type SqlOutboxTables,
 } from "../../mod.ts";
@@ -76,6 +77,42 @@ export const sqliteHarness: ConformanceHarness = {
       async close() {
         peer.close();
         db.close();
+        await Deno.remove(dir, { recursive: true });
+      },
+    };
+  },
+};
+
+/**
+ * SQLite with the stores on a worker thread's connection (`sqliteWorkerExecutor`), as a relay
+ * runs them; the peer is the application's own connection on this thread (`nodeSqliteExecutor`).
+ */
+export const sqliteWorkerHarness: ConformanceHarness = {
+  name: "sqlite (worker thread executor, WAL file)",
+  canCorrupt: true,
+  async open(): Promise<ConformanceFixture> {
+    const dir = await Deno.makeTempDir({ prefix: "outbox_sqlite_worker_" });
+    const path = `${dir}/outbox.db`;
+    const peer = openSqlite(path);
+    const peerExecutor = nodeSqliteExecutor(peer);
+    const executor = await sqliteWorkerExecutor(path, { busyTimeoutMs: 10_000 });
+    await migrate(executor, { dialect: "sqlite" });
+    return {
+      outbox: new SqlOutboxRepository(executor, "sqlite"),
+      inbox: new SqlInboxRepository(executor, "sqlite"),
+      peers: [{
+        outbox: new SqlOutboxRepository(peerExecutor, "sqlite"),
+        inbox: new SqlInboxRepository(peerExecutor, "sqlite"),
+      }],
+      async corrupt(id) {
+        await executor.query(
+          "UPDATE trellis_outbox SET headers = '{not json', kind = 'event.bogus' WHERE id = ?1",
+          [id],
+        );
+      },
+      async close() {
+        await executor.close();
+        peer.close();
         await Deno.remove(dir, { recursive: true });
       },
     };

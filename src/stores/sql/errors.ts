@@ -4,6 +4,8 @@
  * @module
  */
 
+import { OutboxStoreClosedError } from "../../core/errors.ts";
+
 /**
  * A statement or transaction of the library found a transaction open on its connection that the
  * library did not open (your own `BEGIN`, an ORM's transaction), waited for it to end, and gave
@@ -79,4 +81,41 @@ export async function waitForForeignTransaction<T>(
   }
   clock.queue.foreignSince = undefined;
   return await then();
+}
+
+/**
+ * A call on a {@linkcode sqliteWorkerExecutor} that cannot run because the executor is closed or
+ * its worker thread is gone: `close()` was called (`reason: "closed"`), or the thread exited or
+ * failed (`reason: "exited"`, the thread's error or exit code as `cause`). Every call still
+ * waiting when that happened rejects with it; nothing is left hanging. Statements whose reply
+ * was lost may or may not have run: the stores' fencing (claim tokens, leases) makes a retry on
+ * a new executor safe.
+ *
+ * @example
+ * ```ts ignore
+ * import { sqliteWorkerExecutor, SqliteWorkerClosedError } from "@outbox/nats";
+ *
+ * const executor = await sqliteWorkerExecutor("app.db");
+ * await executor.close();
+ * try {
+ *   await executor.query("SELECT 1", []);
+ * } catch (error) {
+ *   console.log(error instanceof SqliteWorkerClosedError); // true
+ * }
+ * ```
+ */
+export class SqliteWorkerClosedError extends OutboxStoreClosedError {
+  /** `"closed"`: `close()` was called; `"exited"`: the worker thread ended or failed. */
+  readonly reason: "closed" | "exited";
+  /** Creates the error; `options.cause` carries the thread's error or exit code. */
+  constructor(reason: "closed" | "exited", detail: string, options?: ErrorOptions) {
+    super(
+      reason === "closed"
+        ? `The SQLite worker executor is closed (${detail}); open a new one to run statements.`
+        : `The SQLite worker executor's thread is gone (${detail}); open a new executor.`,
+      options,
+    );
+    this.name = "SqliteWorkerClosedError";
+    this.reason = reason;
+  }
 }

@@ -11,6 +11,7 @@
 import { OutboxValidationError } from "../../core/errors.ts";
 import { nonNegative } from "../../core/limits.ts";
 import { connectionQueue } from "./connection_queue.ts";
+import { cachedStatement, maxCachedStatements, sqliteParams } from "./sqlite_statements.ts";
 import { waitForForeignTransaction } from "./errors.ts";
 
 /**
@@ -341,33 +342,6 @@ export interface BetterSqlite3Database {
   exec(sql: string): unknown;
   /** Whether a transaction is open. */
   readonly inTransaction: boolean;
-}
-
-const maxCachedStatements = 256;
-
-/** Prepared statements per database object, so executors are cheap to create. */
-const statementCaches = new WeakMap<object, Map<string, unknown>>();
-
-function cachedStatement<S>(db: { prepare(sql: string): S }, sql: string): S {
-  let cache = statementCaches.get(db);
-  if (!cache) statementCaches.set(db, cache = new Map());
-  let statement = cache.get(sql) as S | undefined;
-  if (statement === undefined) {
-    statement = db.prepare(sql);
-    if (cache.size >= maxCachedStatements) cache.delete(cache.keys().next().value!);
-    cache.set(sql, statement);
-  }
-  return statement;
-}
-
-/** SQLite binds numbers, strings, bigints, bytes and null; map the rest. */
-function sqliteParams(params: readonly unknown[]): never[] {
-  return params.map((value) => {
-    if (value === undefined || value === null) return null;
-    if (typeof value === "boolean") return value ? 1 : 0;
-    if (value instanceof Date) return value.toISOString();
-    return value;
-  }) as never[];
 }
 
 /**
