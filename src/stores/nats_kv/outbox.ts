@@ -30,6 +30,7 @@ import type { KV, KvEntry } from "@nats-io/kv";
 import { KvRequests } from "./kv_requests.ts";
 import {
   errorMessage,
+  OutboxOutcomeRefusedError,
   OutboxStorageConflictError,
   OutboxValidationError,
 } from "../../core/errors.ts";
@@ -446,7 +447,11 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   /**
    * Settles a claim as dispatched (fenced); `false` when the claim was superseded. For a keyed
    * message, `options.sequence` (the PubAck's) becomes its key's sequence, written with the
-   * hand-over of the key in one compare-and-set.
+   * hand-over of the key in one compare-and-set. An `outcome` larger than the record has room
+   * for (see {@linkcode NatsKvOutboxRepository.outcomeRoomBytes}) settles the claim `dead`
+   * instead (`lastError` starting `outcome: `) and throws `OutboxOutcomeRefusedError`: a record
+   * over the server's max_payload could never be written, and a claim left claimed would run
+   * its job again after its lease.
    */
   async markDispatched(
     claim: OutboxClaim,
@@ -477,13 +482,58 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /**
+   * How many bytes of job outcome (UTF-8 bytes of its JSON text) a dispatched mark of this
+   * claimed message can carry: the server's max_payload less the message's record as the mark
+   * writes it and {@linkcode writeHeadersBytes} for the write's headers (see
+   * {@linkcode OutboxRepository.outcomeRoomBytes}). A larger outcome is refused by
+   * `markDispatched` / `markMany`, which store the message `dead`. Exact for a claim this
+   * repository made (it remembers the record); for another one's, a bound a little below (the
+   * record's enqueue position is counted as the largest). `undefined` when the server's
+   * max_payload is not known (nor checked). Enqueue keeps only 2 KiB of room, so a job whose
+   * payload is near the limit has room for about 2 KiB of outcome.
+   *
+   * @example
+   * ```ts ignore
+   * import { connect } from "@nats-io/transport-node";
+   * import { Kvm } from "@nats-io/kv";
+   * import { createOutboxBucket, NatsKvOutboxRepository } from "@outbox/nats";
+   *
+   * const nc = await connect({ servers: "nats://127.0.0.1:4222" });
+   * const outbox = new NatsKvOutboxRepository(await createOutboxBucket(new Kvm(nc), "jobs_outbox"));
+   * const [claimed] = await outbox.claimDue(1, new Date());
+   * if (claimed) console.log(outbox.outcomeRoomBytes(claimed)); // about max_payload less the record
+   * await outbox.close();
+   * await nc.close();
+   * ```
+   */
+  outcomeRoomBytes(message: OutboxMessage): number | undefined {
+    const maxPayload = serverMaxPayload(this.#kv);
+    if (maxPayload === undefined) return undefined;
+    const cached = this.#claims.get(message.id)?.record;
+    const record = cached !== undefined && cached.claimToken === message.claimToken &&
+        cached.attempts === message.attempts
+      ? cached
+      : claimedRecordOf(message);
+    // The record as the mark writes it, with a one-byte outcome (`0`): its key is counted.
+    const settled = applyMark(
+      record,
+      { claim: message, state: "dispatched", outcome: 0 },
+      record.updatedAt,
+    );
+    return Math.max(0, maxPayload - writeHeadersBytes - (encodeJson(settled).length - 1));
+  }
+
+  /**
    * Settles many claims; one boolean per mark (see {@linkcode OutboxClaim} for the rules). The
    * marks of different ids are issued at once (one write each for claims made by this
    * repository, a read and a write otherwise), so a batch costs about one round trip, plus one
    * for the marker updates. Marks of the same id are settled one after the other in input
    * order, so the first decides and the later ones see its effect. Rejects if the KV reports an
    * error other than a lost race, after every mark has settled; calling it again with the same
-   * marks then reports the ones that had applied as `true`.
+   * marks then reports the ones that had applied as `true`. A dispatched mark whose outcome does
+   * not fit settles its claim `dead` and makes it reject with `OutboxOutcomeRefusedError` (as
+   * `markDispatched` does), again on every call with that mark; a `dead` mark of the claim
+   * reports `true`.
    */
   async markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
     // Every sequence and outcome is checked, and every error text made storable, before any
@@ -1199,6 +1249,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         const decoded = codec.decodeRecord(got.value, claim.id);
         if (!decoded.ok) return false;
         const verdict = verdictOf(decoded.record, mark);
+        if (verdict === "superseded" && refusedOutcome(decoded.record, mark)) {
+          // This claim's dispatched mark was refused for its outcome (a retry): say so again.
+          throw new OutboxOutcomeRefusedError(claim.id, decoded.record.lastError!);
+        }
         if (
           verdict === "applied" && mark.state === "dispatched" &&
           decoded.record.orderingKey !== undefined
@@ -1209,10 +1263,21 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         if (verdict !== "apply") return verdict === "applied";
         current = { record: decoded.record, revision: got.revision };
       }
-      const next = applyMark(current.record, mark, now.toISOString());
+      let next = applyMark(current.record, mark, now.toISOString());
+      let value = encodeJson(next);
+      const refusal = mark.state === "dispatched" && mark.outcome !== undefined
+        ? this.#outcomeRefusal(next, value.length)
+        : undefined;
+      if (refusal !== undefined) {
+        // A record over max_payload can never be written: were the claim left claimed, its
+        // job would run again after every lease. It goes dead instead, as the dispatcher sends
+        // a job whose outcome no store can keep.
+        next = applyMark(current.record, { claim, state: "dead", error: refusal }, next.updatedAt);
+        value = encodeJson(next);
+      }
       let revision: number;
       try {
-        revision = await this.#requests.update(key, encodeJson(next), current.revision);
+        revision = await this.#requests.update(key, value, current.revision);
       } catch (error) {
         if (!isWrongLastSequence(error)) throw error;
         current = undefined; // someone else wrote it: read again and re-check the fence
@@ -1221,9 +1286,23 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       this.#claims.delete(claim.id);
       if (next.state === "dispatched") await this.#release(key, next, revision);
       else await this.#afterMark(key, next, revision);
+      if (refusal !== undefined) throw new OutboxOutcomeRefusedError(claim.id, next.lastError!);
       return true;
     }
     return false;
+  }
+
+  /**
+   * The `lastError` of a dispatched record (`bytes` long once encoded) that the server's
+   * max_payload cannot take with its outcome, or `undefined` when it fits (or the limit is not
+   * known).
+   */
+  #outcomeRefusal(next: StoredOutboxRecord, bytes: number): string | undefined {
+    const maxPayload = serverMaxPayload(this.#kv);
+    if (maxPayload === undefined || bytes + writeHeadersBytes <= maxPayload) return undefined;
+    const outcomeBytes = new TextEncoder().encode(JSON.stringify(next.outcome)).length;
+    const room = Math.max(0, maxPayload - writeHeadersBytes - (bytes - outcomeBytes));
+    return `${outcomeRefusedPrefix}Outbox outcome is ${outcomeBytes} bytes of JSON, more than the ${room} bytes its NATS KV record has room for below the server's max_payload (${maxPayload})`;
   }
 
   /** Keeps the marker in step with a settled record (best effort: claims heal the rest). */
@@ -1647,6 +1726,50 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 const updateHeadroomBytes = 2_048;
 /** Longest `lastError` a record keeps, in bytes of its JSON encoding (longer ones are cut). */
 const maxLastErrorBytes = 1_024;
+/**
+ * Room a record write keeps below the server's max_payload for its headers (nats.js counts
+ * them: the compare-and-set's `Nats-Expected-Last-Subject-Sequence: <n>` is about 70 bytes).
+ */
+const writeHeadersBytes = 128;
+/** How the `lastError` of a job whose outcome was refused starts (the dispatcher's text too). */
+const outcomeRefusedPrefix = "outcome: the job's outcome cannot be stored: ";
+
+/**
+ * Whether `record` is dead because a dispatched mark of the claim `mark` names was refused for
+ * its outcome (see `#outcomeRefusal`), and `mark` is a dispatched mark of that claim.
+ */
+function refusedOutcome(record: StoredOutboxRecord, mark: OutboxMark): boolean {
+  return mark.state === "dispatched" && record.state === "dead" &&
+    mark.claim.claimToken !== undefined && record.claimToken === mark.claim.claimToken &&
+    record.attempts === mark.claim.attempts &&
+    record.lastError?.startsWith(outcomeRefusedPrefix) === true;
+}
+
+/**
+ * The claimed record behind a message, as far as the message tells: its enqueue position
+ * (`seq`, not in a message) counted as the largest, so its size is a bound from above.
+ */
+function claimedRecordOf(message: OutboxMessage): StoredOutboxRecord {
+  const record: StoredOutboxRecord = {
+    v: 1,
+    id: message.id,
+    kind: message.kind,
+    name: message.name,
+    subject: message.subject,
+    payload: message.payload,
+    headers: { ...message.headers },
+    state: message.state,
+    attempts: message.attempts,
+    createdAt: message.createdAt,
+    updatedAt: message.updatedAt,
+    seq: Number.MAX_SAFE_INTEGER,
+  };
+  if (message.nextAttemptAt !== undefined) record.nextAttemptAt = message.nextAttemptAt;
+  if (message.lastError !== undefined) record.lastError = message.lastError;
+  if (message.claimToken !== undefined) record.claimToken = message.claimToken;
+  if (message.orderingKey !== undefined) record.orderingKey = message.orderingKey;
+  return record;
+}
 
 /** `error` cut to at most {@linkcode maxLastErrorBytes} once JSON-encoded. */
 function boundedError(error: string): string {
