@@ -179,6 +179,8 @@ export interface NatsKvRepairResult {
 interface Cached {
   revision: number;
   record: StoredOutboxRecord;
+  /** The record's size as written (encoded), for `outcomeRoomBytes`. */
+  bytes?: number;
 }
 
 /** A settled message's record revision as read by the caller of a hand-over (`dead`: its state). */
@@ -487,8 +489,9 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * writes it and {@linkcode writeHeadersBytes} for the write's headers (see
    * {@linkcode OutboxRepository.outcomeRoomBytes}). A larger outcome is refused by
    * `markDispatched` / `markMany`, which store the message `dead`. Exact for a claim this
-   * repository made (it remembers the record); for another one's, a bound a little below (the
-   * record's enqueue position is counted as the largest). `undefined` when the server's
+   * repository made (it remembers the record and its size, so a large payload is not encoded
+   * again); for another one's, a bound a little below (the record's enqueue position is counted
+   * as the largest), and the record is encoded once. `undefined` when the server's
    * max_payload is not known (nor checked). Enqueue keeps only 2 KiB of room, so a job whose
    * payload is near the limit has room for about 2 KiB of outcome.
    *
@@ -509,18 +512,21 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   outcomeRoomBytes(message: OutboxMessage): number | undefined {
     const maxPayload = serverMaxPayload(this.#kv);
     if (maxPayload === undefined) return undefined;
-    const cached = this.#claims.get(message.id)?.record;
-    const record = cached !== undefined && cached.claimToken === message.claimToken &&
-        cached.attempts === message.attempts
-      ? cached
-      : claimedRecordOf(message);
+    const cached = this.#claims.get(message.id);
+    const own = cached !== undefined && cached.record.claimToken === message.claimToken &&
+      cached.record.attempts === message.attempts;
+    const record = own ? cached.record : claimedRecordOf(message);
     // The record as the mark writes it, with a one-byte outcome (`0`): its key is counted.
-    const settled = applyMark(
-      record,
-      { claim: message, state: "dispatched", outcome: 0 },
-      record.updatedAt,
-    );
-    return Math.max(0, maxPayload - writeHeadersBytes - (encodeJson(settled).length - 1));
+    const settle = (claimed: StoredOutboxRecord) =>
+      applyMark(claimed, { claim: message, state: "dispatched", outcome: 0 }, record.updatedAt);
+    let bytes: number;
+    if (own && cached.bytes !== undefined && record.payload.length > 4_096) {
+      // The payload is encoded alike in both records: only the rest is encoded again (a large
+      // payload is not), the claim's write told the whole record's size.
+      const light: StoredOutboxRecord = { ...record, payload: "" };
+      bytes = cached.bytes - encodeJson(light).length + encodeJson(settle(light)).length;
+    } else bytes = encodeJson(settle(record)).length;
+    return Math.max(0, maxPayload - writeHeadersBytes - (bytes - 1));
   }
 
   /**
@@ -1162,15 +1168,16 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       seq: record.seq ?? entry.order,
       claimToken,
     };
+    const value = encodeJson(next);
     let written: number;
     try {
-      written = await this.#requests.update(entry.recordKey, encodeJson(next), revision);
+      written = await this.#requests.update(entry.recordKey, value, revision);
     } catch (error) {
       if (isWrongLastSequence(error)) return undefined; // another claimer won
       throw error;
     }
     this.#index.hint(entry.markerKey, Date.parse(leaseUntil), written);
-    this.#remember(next, written);
+    this.#remember(next, written, value.length);
     return { order: next.seq!, message: toMessage(next) };
   }
 
@@ -1709,10 +1716,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       : await this.#requests.update(state.entryKey, encodeJson(value), state.revision);
   }
 
-  #remember(record: StoredOutboxRecord, revision: number): void {
+  #remember(record: StoredOutboxRecord, revision: number, bytes?: number): void {
     if (this.#claimCacheSize === 0) return;
     this.#claims.delete(record.id);
-    this.#claims.set(record.id, { record, revision });
+    this.#claims.set(record.id, { record, revision, bytes });
     if (this.#claims.size > this.#claimCacheSize) {
       this.#claims.delete(this.#claims.keys().next().value!);
     }
