@@ -128,7 +128,7 @@ async function counted(
 }
 
 /**
- * Runs a dispatcher on `repository` (telemetry hooks counting next to the test's) for several
+ * Runs a dispatcher on `repository` (telemetry hooks counting next to the test's) for a few
  * leases, so a message whose mark keeps failing would be claimed and run again; then checks that
  * every job ran once, the `refused` ones are dead with code `outcome` (stored, hooked and counted
  * alike; `refusedBy` tells whose text the stored `lastError` is: the dispatcher's, which asked
@@ -155,7 +155,7 @@ async function dispatchAndCheck(
       return Promise.resolve(outcomes[message.id]);
     },
   };
-  const leaseMs = 600;
+  const leaseMs = 1_500;
   const dispatcher = new OutboxDispatcher(repository, runtime, {
     limit: 100,
     leaseMs,
@@ -172,7 +172,14 @@ async function dispatchAndCheck(
     },
   });
   try {
-    await sleep(leaseMs * 5);
+    // Until every job is settled (never, before the fix: bounded by four leases), then two more
+    // leases in which nothing may run again.
+    const ids = Object.keys(outcomes);
+    for (const deadline = Date.now() + leaseMs * 4; Date.now() < deadline; await sleep(50)) {
+      const states = await Promise.all(ids.map(async (id) => (await outbox.get(id))?.state));
+      if (states.every((state) => state === "dispatched" || state === "dead")) break;
+    }
+    await sleep(leaseMs * 2);
   } finally {
     await dispatcher.stop();
   }
