@@ -14,6 +14,7 @@
 import assert from "node:assert/strict";
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/nats-core";
+import { jetstreamManager } from "@nats-io/jetstream";
 import {
   AggregationTemporality,
   type DataPoint,
@@ -378,4 +379,73 @@ Deno.test("nats kv: outcomeRoomBytes is exact for the repository's own claims; a
     const later = await outbox.claimDue(10, new Date(Date.now() + 120_000));
     assert.deepEqual(later.map((message) => message.id), []);
   });
+});
+
+Deno.test("nats kv: a bucket whose max_msg_size is below max_payload refuses an outcome too large for it once, instead of looping", async () => {
+  await using server = await NatsServer.start({ maxPayload });
+  const nc = await connectNats(server.url);
+  const bucket = uniqueName("kvo");
+  const kv = await createOutboxBucket(new Kvm(nc), bucket);
+  // A bucket made with a maxValueSize (the stream's max_msg_size) below the server's max_payload:
+  // the record of a job below it, whose outcome fits max_payload but not the bucket.
+  const jsm = await jetstreamManager(nc);
+  const { config } = await jsm.streams.info(`KV_${bucket}`);
+  await jsm.streams.update(`KV_${bucket}`, { ...config, max_msg_size: 8_192 });
+  const outbox = new NatsKvOutboxRepository(kv);
+  try {
+    await outbox.enqueueMany([job("direct", 5_000), job("large", 5_000), job("small", 10)]);
+
+    // Directly: the mark is refused, the message stored dead, and the same mark says so again.
+    const [direct] = await outbox.claimDue(1, new Date());
+    assert.equal(direct.id, "direct");
+    assert.ok(outbox.outcomeRoomBytes(direct)! > 4_000, "max_payload leaves room for it");
+    for (let round = 0; round < 2; round++) {
+      await assert.rejects(
+        outbox.markDispatched(direct, new Date(), outcomeOf(4_000)),
+        (error: unknown) => {
+          assert.ok(error instanceof OutboxOutcomeRefusedError, String(error));
+          assert.match(error.lastError, /^outcome: the job's outcome cannot be stored: /);
+          return true;
+        },
+      );
+    }
+    assert.equal((await outbox.get("direct"))?.state, "dead");
+
+    // Through a dispatcher, for a few leases: the job runs once and goes dead, the other one
+    // of its batch is dispatched.
+    const runs = new Map<string, number>();
+    const dispatched: string[] = [];
+    const dead: string[] = [];
+    const errors: unknown[] = [];
+    const dispatcher = new OutboxDispatcher(outbox, {
+      publishPreparedEvent: () => Promise.reject(new Error("no events here")),
+      dispatchJobSubmission: (message: OutboxMessage) => {
+        runs.set(message.id, (runs.get(message.id) ?? 0) + 1);
+        return Promise.resolve(message.id === "large" ? outcomeOf(4_000) : { ok: true });
+      },
+    }, {
+      limit: 10,
+      leaseMs: 600,
+      idleRetryMs: 50,
+      retry: { maxAttempts: 100 },
+      onError: (error) => errors.push(error),
+      onDispatched: (message) => dispatched.push(message.id),
+      onDead: (message) => dead.push(message.id),
+    });
+    try {
+      await sleep(3_000);
+    } finally {
+      await dispatcher.stop();
+    }
+    assert.deepEqual(Object.fromEntries(runs), { large: 1, small: 1 });
+    assert.deepEqual(errors, []);
+    assert.deepEqual(dead, ["large"]);
+    assert.deepEqual(dispatched, ["small"]);
+    const large = await outbox.get("large");
+    assert.equal(large?.state, "dead");
+    assert.match(large?.lastError ?? "", /^outcome: the job's outcome cannot be stored: /);
+  } finally {
+    await outbox.close();
+    await nc.close();
+  }
 });

@@ -70,7 +70,7 @@ import type {
 } from "../../core/types.ts";
 import { validateOrderingKey, validateOutboxRecord } from "../../core/validate.ts";
 import { type ActiveEntry, ActiveIndex, type ActiveWork, type KeyState } from "./active_index.ts";
-import { isWrongLastSequence, NatsKvOrderingKeyError } from "./errors.ts";
+import { isTooLargeWrite, isWrongLastSequence, NatsKvOrderingKeyError } from "./errors.ts";
 import {
   decodeToken,
   keyEntryKey,
@@ -450,7 +450,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * Settles a claim as dispatched (fenced); `false` when the claim was superseded. For a keyed
    * message, `options.sequence` (the PubAck's) becomes its key's sequence, written with the
    * hand-over of the key in one compare-and-set. An `outcome` larger than the record has room
-   * for (see {@linkcode NatsKvOutboxRepository.outcomeRoomBytes}) settles the claim `dead`
+   * for (see {@linkcode NatsKvOutboxRepository.outcomeRoomBytes}), or whose record the server
+   * refuses as too large (a bucket's `max_msg_size` below max_payload), settles the claim `dead`
    * instead (`lastError` starting `outcome: `) and throws `OutboxOutcomeRefusedError`: a record
    * over the server's max_payload could never be written, and a claim left claimed would run
    * its job again after its lease.
@@ -1249,6 +1250,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const key = await outboxRecordKey(claim.id);
     const cached = this.#claims.get(claim.id);
     let current = cached && verdictOf(cached.record, mark) === "apply" ? cached : undefined;
+    // Set when the server refused the dispatched record's size after all (see below).
+    let tooLarge: string | undefined;
     for (let attempt = 0; attempt < 3; attempt++) {
       if (!current) {
         const got = await this.#requests.get(key);
@@ -1273,7 +1276,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       let next = applyMark(current.record, mark, now.toISOString());
       let value = encodeJson(next);
       const refusal = mark.state === "dispatched" && mark.outcome !== undefined
-        ? this.#outcomeRefusal(next, value.length)
+        ? tooLarge ?? this.#outcomeRefusal(next, value.length)
         : undefined;
       if (refusal !== undefined) {
         // A record over max_payload can never be written: were the claim left claimed, its
@@ -1286,6 +1289,17 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       try {
         revision = await this.#requests.update(key, value, current.revision);
       } catch (error) {
+        if (
+          refusal === undefined && mark.state === "dispatched" && mark.outcome !== undefined &&
+          isTooLargeWrite(error)
+        ) {
+          // The server refused the record's size although max_payload has room for it (the
+          // bucket's max_msg_size is lower, or max_payload is not known here): the same loop
+          // as above, so it goes dead the same way, on the same revision (not a lost race).
+          tooLarge = this.#outcomeRefusedBy(next, value.length, error);
+          attempt -= 1;
+          continue;
+        }
         if (!isWrongLastSequence(error)) throw error;
         current = undefined; // someone else wrote it: read again and re-check the fence
         continue;
@@ -1310,6 +1324,17 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const outcomeBytes = new TextEncoder().encode(JSON.stringify(next.outcome)).length;
     const room = Math.max(0, maxPayload - writeHeadersBytes - (bytes - outcomeBytes));
     return `${outcomeRefusedPrefix}Outbox outcome is ${outcomeBytes} bytes of JSON, more than the ${room} bytes its NATS KV record has room for below the server's max_payload (${maxPayload})`;
+  }
+
+  /**
+   * The `lastError` of a dispatched record (`bytes` long once encoded) whose write the server
+   * refused as too large (`error`).
+   */
+  #outcomeRefusedBy(next: StoredOutboxRecord, bytes: number, error: unknown): string {
+    const outcomeBytes = new TextEncoder().encode(JSON.stringify(next.outcome)).length;
+    return `${outcomeRefusedPrefix}Outbox outcome is ${outcomeBytes} bytes of JSON; its NATS KV record (${bytes} bytes) was refused as too large: ${
+      errorMessage(error)
+    }`;
   }
 
   /** Keeps the marker in step with a settled record (best effort: claims heal the rest). */
