@@ -397,8 +397,8 @@ export interface OutboxRepository {
   /**
    * How many bytes of job outcome (UTF-8 bytes of its JSON text) a dispatched mark of this
    * claimed message can carry, for a store that keeps less next to some messages than the 64
-   * KiB every store keeps (`maxOutcomeBytes`); `undefined` when it keeps every such outcome. A
-   * store without it keeps every outcome `storableOutcome` accepts (the SQL and memory stores).
+   * KiB (and 256 levels) of JSON every store keeps; `undefined` when it keeps every such
+   * outcome. A store without it keeps every such outcome (the SQL and memory stores).
    * The NATS KV store keeps a message in one entry below the server's `max_payload`, so its
    * room is what the dispatched record leaves of that. The dispatcher asks after a job ran and
    * sends a job whose outcome is larger `dead` (code `outcome`) instead of marking it; a store
