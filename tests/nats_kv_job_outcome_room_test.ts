@@ -449,3 +449,41 @@ Deno.test("nats kv: a bucket whose max_msg_size is below max_payload refuses an 
     await nc.close();
   }
 });
+
+Deno.test("nats kv: on a KV object that does not tell the server's max_payload, a mark the client refuses as too large stores the message dead", async () => {
+  await using server = await NatsServer.start({ maxPayload });
+  const nc = await connectNats(server.url);
+  const bucket = await createOutboxBucket(new Kvm(nc), uniqueName("kvo"));
+  // A wrapper of the bucket (as a tracing or metrics layer might be) without its `js`: the
+  // repository cannot read max_payload, so nothing is refused before the write.
+  const kv = new Proxy(bucket, {
+    get(target, property) {
+      if (property === "js") return undefined;
+      const value = Reflect.get(target, property, target);
+      return typeof value === "function" ? value.bind(target) : value;
+    },
+  });
+  const outbox = new NatsKvOutboxRepository(kv);
+  try {
+    await outbox.enqueue(job("blind", 8_000));
+    const [claimed] = await outbox.claimDue(1, new Date());
+    assert.equal(outbox.outcomeRoomBytes(claimed), undefined);
+    for (let round = 0; round < 2; round++) {
+      await assert.rejects(
+        outbox.markDispatched(claimed, new Date(), outcomeOf(10_000)),
+        (error: unknown) => {
+          assert.ok(error instanceof OutboxOutcomeRefusedError, String(error));
+          assert.match(error.lastError, /max_payload/);
+          return true;
+        },
+      );
+    }
+    const stored = await outbox.get("blind");
+    assert.equal(stored?.state, "dead");
+    assert.equal(stored?.outcome, undefined);
+    assert.deepEqual(await outbox.claimDue(1, new Date(Date.now() + 120_000)), []);
+  } finally {
+    await outbox.close();
+    await nc.close();
+  }
+});
