@@ -69,6 +69,7 @@ export {
   OutboxCorruptRecordError,
   OutboxDuplicateIdentityError,
   type OutboxFailureKind,
+  OutboxOutcomeRefusedError,
   OutboxPublishError,
   OutboxSchemaError,
   OutboxStorageConflictError,

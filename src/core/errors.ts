@@ -129,6 +129,37 @@ export class OutboxCorruptRecordError extends Error {
 }
 
 /**
+ * A dispatched mark whose job outcome the store has no room for next to its message (a NATS KV
+ * record is one entry, below the server's `max_payload`): the store settled that claim `dead`
+ * instead, with `lastError` starting `outcome: `, so the job is not claimed and run again. Thrown
+ * by `markDispatched`, and by `markMany` once every mark of its batch has settled (the other
+ * marks applied; sending the same marks again reports them `true` and throws this again). A
+ * `dead` mark of the same claim then reports `true` and changes nothing, so a caller can record
+ * what was stored. The dispatcher asks first (`OutboxRepository.outcomeRoomBytes`) and, when the
+ * store still refuses, records the message as dead with this `lastError`.
+ *
+ * @example
+ * ```ts
+ * import { OutboxOutcomeRefusedError } from "@outbox/nats";
+ * const error = new OutboxOutcomeRefusedError("job-1", "outcome: the job's outcome cannot be stored: ...");
+ * console.log(error.id, error.lastError);
+ * ```
+ */
+export class OutboxOutcomeRefusedError extends Error {
+  /** The id of the message, now `dead`. */
+  readonly id: string;
+  /** What the store kept as the message's `lastError` (it starts with `outcome: `). */
+  readonly lastError: string;
+  /** Creates the error for message `id`, stored dead with `lastError`. */
+  constructor(id: string, lastError: string, options?: ErrorOptions) {
+    super(`Outbox message '${id}' was stored dead instead of dispatched: ${lastError}`, options);
+    this.name = "OutboxOutcomeRefusedError";
+    this.id = id;
+    this.lastError = lastError;
+  }
+}
+
+/**
  * How a delivery failure should be handled:
  *
  * - `permanent`: retrying cannot help (payload over the server's limit, invalid subject); the

@@ -394,6 +394,18 @@ export interface OutboxRepository {
    * (for claims with a `claimToken`). Stores without it are settled one mark at a time.
    */
   markMany?(marks: readonly OutboxMark[], now: Date): Promise<boolean[]>;
+  /**
+   * How many bytes of job outcome (UTF-8 bytes of its JSON text) a dispatched mark of this
+   * claimed message can carry, for a store that keeps less next to some messages than the 64
+   * KiB (and 256 levels) of JSON every store keeps; `undefined` when it keeps every such
+   * outcome. A store without it keeps every such outcome (the SQL and memory stores).
+   * The NATS KV store keeps a message in one entry below the server's `max_payload`, so its
+   * room is what the dispatched record leaves of that. The dispatcher asks after a job ran and
+   * sends a job whose outcome is larger `dead` (code `outcome`) instead of marking it; a store
+   * that has this method refuses a larger outcome with `OutboxOutcomeRefusedError`, after
+   * storing the message dead.
+   */
+  outcomeRoomBytes?(message: OutboxMessage): number | undefined;
 }
 
 /**

@@ -8,6 +8,7 @@
 import {
   errorMessage,
   OutboxCorruptRecordError,
+  OutboxOutcomeRefusedError,
   OutboxPublishError,
   OutboxStoreClosedError,
   OutboxValidationError,
@@ -456,7 +457,28 @@ export async function settleClaimed(
     }
   }
   const marks = messages.map((message, index) => toMark(message, settlements[index]));
-  const applied = await applyMarksWithinLease(engine, marks, claimStartedAt + engine.leaseMs);
+  // A store that refuses a job's outcome after all (it has no `outcomeRoomBytes`, or a wrapper
+  // hid it) stored the message dead: record and report it as such.
+  const refused = (error: OutboxOutcomeRefusedError): boolean => {
+    const index = marks.findIndex((mark) =>
+      mark.state === "dispatched" && mark.outcome !== undefined && mark.claim.id === error.id
+    );
+    if (index < 0) return false;
+    const cause = new OutboxPublishError(
+      "permanent",
+      error.lastError.replace(/^outcome: /, ""),
+      { code: "outcome", cause: error },
+    );
+    settlements[index] = { state: "dead", info: { error: cause, lastError: error.lastError } };
+    marks[index] = { claim: marks[index].claim, state: "dead", error: error.lastError };
+    return true;
+  };
+  const applied = await applyMarksWithinLease(
+    engine,
+    marks,
+    claimStartedAt + engine.leaseMs,
+    refused,
+  );
   for (let index = 0; index < messages.length; index++) {
     const settlement = settlements[index];
     if (!applied[index]) {
@@ -649,8 +671,9 @@ async function attempt(
       // An outcome no store can keep would fail the whole batch's mark, every time: the
       // message goes dead instead (the job did run; an operator's retry runs it again). The
       // mark carries a copy made from the checked text: the handler's value may still change.
+      let text: string;
       try {
-        outcome = JSON.parse(storableOutcome(outcome)) as JsonValue;
+        text = storableOutcome(outcome);
       } catch (error) {
         return dead(
           new OutboxPublishError(
@@ -660,6 +683,22 @@ async function attempt(
           ),
         );
       }
+      // So would one larger than this message's store keeps next to it (a NATS KV record
+      // below the server's max_payload).
+      const room = outcomeRoom(engine.repository, message);
+      if (room !== undefined && text.length > room / 3) {
+        const bytes = new TextEncoder().encode(text).length;
+        if (bytes > room) {
+          return dead(
+            new OutboxPublishError(
+              "permanent",
+              `the job's outcome cannot be stored: Outbox outcome is ${bytes} bytes of JSON, more than the ${room} bytes the store has room for next to this message`,
+              { code: "outcome" },
+            ),
+          );
+        }
+      }
+      outcome = JSON.parse(text) as JsonValue;
     }
     return {
       state: "dispatched",
@@ -667,6 +706,20 @@ async function attempt(
     };
   } finally {
     engine.window.release();
+  }
+}
+
+/**
+ * The store's `outcomeRoomBytes` for a claimed message, or `undefined` (no such method, or it
+ * threw or answered something that is not a byte count: the store's own check at the mark then
+ * decides).
+ */
+function outcomeRoom(repository: OutboxRepository, message: OutboxMessage): number | undefined {
+  try {
+    const room = repository.outcomeRoomBytes?.(message);
+    return typeof room === "number" && room >= 0 ? room : undefined;
+  } catch {
+    return undefined;
   }
 }
 
@@ -875,12 +928,15 @@ function toMark(message: OutboxMessage, settlement: Settlement): OutboxMark {
  * `OutboxStoreClosedError`), instead of letting the lease
  * expire and publishing again. A retry after a partial failure counts every mark once: a store's
  * `markMany` reports marks its earlier call had applied as `true` (claim tokens), and the
- * one-by-one fallback does not send answered marks again.
+ * one-by-one fallback does not send answered marks again. An `OutboxOutcomeRefusedError` that
+ * `refused` accepts (it turned that dispatched mark into the `dead` mark the store applied) is
+ * retried at once: each such error settles one mark for good.
  */
 async function applyMarksWithinLease(
   engine: BatchEngine,
   marks: OutboxMark[],
   leaseEnd: number,
+  refused: (error: OutboxOutcomeRefusedError) => boolean,
 ): Promise<boolean[]> {
   let delay = 25;
   const answered: Array<boolean | undefined> = [];
@@ -890,6 +946,7 @@ async function applyMarksWithinLease(
     } catch (error) {
       // A closed store answers no retry: the claims wait for their lease (and a new store).
       if (error instanceof OutboxStoreClosedError) throw error;
+      if (error instanceof OutboxOutcomeRefusedError && refused(error)) continue;
       if (performance.now() + delay >= leaseEnd) throw error;
       await new Promise((resolve) => setTimeout(resolve, delay));
       delay = Math.min(delay * 2, 1_000);

@@ -30,6 +30,29 @@ export function jetStreamErrorCode(error: unknown): number | undefined {
   return undefined;
 }
 
+/** JetStream API error code: the message is larger than the stream's `max_msg_size`. */
+export const messageTooLargeCode = 10054;
+
+/**
+ * Whether `error` says a write was too large: over the stream's `max_msg_size` (a bucket's
+ * `maxValueSize`, by its error code), or refused by the client as over the server's
+ * `max_payload` (nats.js has one class for every bad argument: only this sub-case is told by
+ * its text, as the runtime's classification does).
+ */
+export function isTooLargeWrite(error: unknown): boolean {
+  if (jetStreamErrorCode(error) === messageTooLargeCode) return true;
+  for (let current = error, depth = 0; current && depth < 5; depth++) {
+    if (typeof current !== "object") return false;
+    const { name, message } = current as { name?: unknown; message?: unknown };
+    if (
+      name === "InvalidArgumentError" && typeof message === "string" &&
+      message.includes("max_payload")
+    ) return true;
+    current = (current as { cause?: unknown }).cause;
+  }
+  return false;
+}
+
 /** Whether `error` says a write's expected revision did not match (another writer won). */
 export function isWrongLastSequence(error: unknown): boolean {
   const code = jetStreamErrorCode(error);

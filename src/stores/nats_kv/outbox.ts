@@ -30,6 +30,7 @@ import type { KV, KvEntry } from "@nats-io/kv";
 import { KvRequests } from "./kv_requests.ts";
 import {
   errorMessage,
+  OutboxOutcomeRefusedError,
   OutboxStorageConflictError,
   OutboxValidationError,
 } from "../../core/errors.ts";
@@ -69,7 +70,7 @@ import type {
 } from "../../core/types.ts";
 import { validateOrderingKey, validateOutboxRecord } from "../../core/validate.ts";
 import { type ActiveEntry, ActiveIndex, type ActiveWork, type KeyState } from "./active_index.ts";
-import { isWrongLastSequence, NatsKvOrderingKeyError } from "./errors.ts";
+import { isTooLargeWrite, isWrongLastSequence, NatsKvOrderingKeyError } from "./errors.ts";
 import {
   decodeToken,
   keyEntryKey,
@@ -179,6 +180,8 @@ export interface NatsKvRepairResult {
 interface Cached {
   revision: number;
   record: StoredOutboxRecord;
+  /** The record's size as written (encoded), for `outcomeRoomBytes`. */
+  bytes?: number;
 }
 
 /** A settled message's record revision as read by the caller of a hand-over (`dead`: its state). */
@@ -449,7 +452,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   /**
    * Settles a claim as dispatched (fenced); `false` when the claim was superseded. For a keyed
    * message, `options.sequence` (the PubAck's) becomes its key's sequence, written with the
-   * hand-over of the key in one compare-and-set.
+   * hand-over of the key in one compare-and-set. An `outcome` larger than the record has room
+   * for (see {@linkcode NatsKvOutboxRepository.outcomeRoomBytes}), or whose record the server
+   * refuses as too large (a bucket's `max_msg_size` below max_payload), settles the claim `dead`
+   * instead (`lastError` starting `outcome: `) and throws `OutboxOutcomeRefusedError`: a record
+   * over the server's max_payload could never be written, and a claim left claimed would run
+   * its job again after its lease.
    */
   async markDispatched(
     claim: OutboxClaim,
@@ -480,13 +488,62 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /**
+   * How many bytes of job outcome (UTF-8 bytes of its JSON text) a dispatched mark of this
+   * claimed message can carry: the server's max_payload less the message's record as the mark
+   * writes it and {@linkcode writeHeadersBytes} for the write's headers (see
+   * {@linkcode OutboxRepository.outcomeRoomBytes}). A larger outcome is refused by
+   * `markDispatched` / `markMany`, which store the message `dead`. Exact for a claim this
+   * repository made (it remembers the record and its size, so a large payload is not encoded
+   * again); for another one's, a bound a little below (the record's enqueue position is counted
+   * as the largest), and the record is encoded once. `undefined` when the server's
+   * max_payload is not known (nor checked). Enqueue keeps only 2 KiB of room, so a job whose
+   * payload is near the limit has room for about 2 KiB of outcome.
+   *
+   * @example
+   * ```ts ignore
+   * import { connect } from "@nats-io/transport-node";
+   * import { Kvm } from "@nats-io/kv";
+   * import { createOutboxBucket, NatsKvOutboxRepository } from "@outbox/nats";
+   *
+   * const nc = await connect({ servers: "nats://127.0.0.1:4222" });
+   * const outbox = new NatsKvOutboxRepository(await createOutboxBucket(new Kvm(nc), "jobs_outbox"));
+   * const [claimed] = await outbox.claimDue(1, new Date());
+   * if (claimed) console.log(outbox.outcomeRoomBytes(claimed)); // about max_payload less the record
+   * await outbox.close();
+   * await nc.close();
+   * ```
+   */
+  outcomeRoomBytes(message: OutboxMessage): number | undefined {
+    const maxPayload = serverMaxPayload(this.#kv);
+    if (maxPayload === undefined) return undefined;
+    const cached = this.#claims.get(message.id);
+    const own = cached !== undefined && cached.record.claimToken === message.claimToken &&
+      cached.record.attempts === message.attempts;
+    const record = own ? cached.record : claimedRecordOf(message);
+    // The record as the mark writes it, with a one-byte outcome (`0`): its key is counted.
+    const settle = (claimed: StoredOutboxRecord) =>
+      applyMark(claimed, { claim: message, state: "dispatched", outcome: 0 }, record.updatedAt);
+    let bytes: number;
+    if (own && cached.bytes !== undefined && record.payload.length > 4_096) {
+      // The payload is encoded alike in both records: only the rest is encoded again (a large
+      // payload is not), the claim's write told the whole record's size.
+      const light: StoredOutboxRecord = { ...record, payload: "" };
+      bytes = cached.bytes - encodeJson(light).length + encodeJson(settle(light)).length;
+    } else bytes = encodeJson(settle(record)).length;
+    return Math.max(0, maxPayload - writeHeadersBytes - (bytes - 1));
+  }
+
+  /**
    * Settles many claims; one boolean per mark (see {@linkcode OutboxClaim} for the rules). The
    * marks of different ids are issued at once (one write each for claims made by this
    * repository, a read and a write otherwise), so a batch costs about one round trip, plus one
    * for the marker updates. Marks of the same id are settled one after the other in input
    * order, so the first decides and the later ones see its effect. Rejects if the KV reports an
    * error other than a lost race, after every mark has settled; calling it again with the same
-   * marks then reports the ones that had applied as `true`.
+   * marks then reports the ones that had applied as `true`. A dispatched mark whose outcome does
+   * not fit settles its claim `dead` and makes it reject with `OutboxOutcomeRefusedError` (as
+   * `markDispatched` does), again on every call with that mark; a `dead` mark of the claim
+   * reports `true`.
    */
   async markMany(marks: readonly OutboxMark[], now: Date): Promise<boolean[]> {
     // Every sequence and outcome is checked, and every error text made storable, before any
@@ -1125,15 +1182,16 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       seq: record.seq ?? entry.order,
       claimToken,
     };
+    const value = encodeJson(next);
     let written: number;
     try {
-      written = await this.#requests.update(entry.recordKey, encodeJson(next), revision);
+      written = await this.#requests.update(entry.recordKey, value, revision);
     } catch (error) {
       if (isWrongLastSequence(error)) return undefined; // another claimer won
       throw error;
     }
     this.#index.hint(entry.markerKey, Date.parse(leaseUntil), written);
-    this.#remember(next, written);
+    this.#remember(next, written, value.length);
     return { order: next.seq!, message: toMessage(next) };
   }
 
@@ -1205,6 +1263,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const key = await outboxRecordKey(claim.id);
     const cached = this.#claims.get(claim.id);
     let current = cached && verdictOf(cached.record, mark) === "apply" ? cached : undefined;
+    // Set when the server refused the dispatched record's size after all (see below).
+    let tooLarge: string | undefined;
     for (let attempt = 0; attempt < 3; attempt++) {
       if (!current) {
         const got = await this.#requests.get(key);
@@ -1212,6 +1272,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         const decoded = codec.decodeRecord(got.value, claim.id);
         if (!decoded.ok) return false;
         const verdict = verdictOf(decoded.record, mark);
+        if (verdict === "superseded" && refusedOutcome(decoded.record, mark)) {
+          // This claim's dispatched mark was refused for its outcome (a retry): say so again.
+          throw new OutboxOutcomeRefusedError(claim.id, decoded.record.lastError!);
+        }
         if (
           verdict === "applied" && mark.state === "dispatched" &&
           decoded.record.orderingKey !== undefined
@@ -1222,11 +1286,33 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         if (verdict !== "apply") return verdict === "applied";
         current = { record: decoded.record, revision: got.revision };
       }
-      const next = applyMark(current.record, mark, now.toISOString());
+      let next = applyMark(current.record, mark, now.toISOString());
+      let value = encodeJson(next);
+      const refusal = mark.state === "dispatched" && mark.outcome !== undefined
+        ? tooLarge ?? this.#outcomeRefusal(next, value.length)
+        : undefined;
+      if (refusal !== undefined) {
+        // A record over max_payload can never be written: were the claim left claimed, its
+        // job would run again after every lease. It goes dead instead, as the dispatcher sends
+        // a job whose outcome no store can keep.
+        next = applyMark(current.record, { claim, state: "dead", error: refusal }, next.updatedAt);
+        value = encodeJson(next);
+      }
       let revision: number;
       try {
-        revision = await this.#requests.update(key, encodeJson(next), current.revision);
+        revision = await this.#requests.update(key, value, current.revision);
       } catch (error) {
+        if (
+          refusal === undefined && mark.state === "dispatched" && mark.outcome !== undefined &&
+          isTooLargeWrite(error)
+        ) {
+          // The server refused the record's size although max_payload has room for it (the
+          // bucket's max_msg_size is lower, or max_payload is not known here): the same loop
+          // as above, so it goes dead the same way, on the same revision (not a lost race).
+          tooLarge = this.#outcomeRefusedBy(next, value.length, error);
+          attempt -= 1;
+          continue;
+        }
         if (!isWrongLastSequence(error)) throw error;
         current = undefined; // someone else wrote it: read again and re-check the fence
         continue;
@@ -1234,9 +1320,34 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       this.#claims.delete(claim.id);
       if (next.state === "dispatched") await this.#release(key, next, revision);
       else await this.#afterMark(key, next, revision);
+      if (refusal !== undefined) throw new OutboxOutcomeRefusedError(claim.id, next.lastError!);
       return true;
     }
     return false;
+  }
+
+  /**
+   * The `lastError` of a dispatched record (`bytes` long once encoded) that the server's
+   * max_payload cannot take with its outcome, or `undefined` when it fits (or the limit is not
+   * known).
+   */
+  #outcomeRefusal(next: StoredOutboxRecord, bytes: number): string | undefined {
+    const maxPayload = serverMaxPayload(this.#kv);
+    if (maxPayload === undefined || bytes + writeHeadersBytes <= maxPayload) return undefined;
+    const outcomeBytes = new TextEncoder().encode(JSON.stringify(next.outcome)).length;
+    const room = Math.max(0, maxPayload - writeHeadersBytes - (bytes - outcomeBytes));
+    return `${outcomeRefusedPrefix}Outbox outcome is ${outcomeBytes} bytes of JSON, more than the ${room} bytes its NATS KV record has room for below the server's max_payload (${maxPayload})`;
+  }
+
+  /**
+   * The `lastError` of a dispatched record (`bytes` long once encoded) whose write the server
+   * refused as too large (`error`).
+   */
+  #outcomeRefusedBy(next: StoredOutboxRecord, bytes: number, error: unknown): string {
+    const outcomeBytes = new TextEncoder().encode(JSON.stringify(next.outcome)).length;
+    return `${outcomeRefusedPrefix}Outbox outcome is ${outcomeBytes} bytes of JSON; its NATS KV record (${bytes} bytes) was refused as too large: ${
+      errorMessage(error)
+    }`;
   }
 
   /** Keeps the marker in step with a settled record (best effort: claims heal the rest). */
@@ -1646,10 +1757,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       : await this.#requests.update(state.entryKey, encodeJson(value), state.revision);
   }
 
-  #remember(record: StoredOutboxRecord, revision: number): void {
+  #remember(record: StoredOutboxRecord, revision: number, bytes?: number): void {
     if (this.#claimCacheSize === 0) return;
     this.#claims.delete(record.id);
-    this.#claims.set(record.id, { record, revision });
+    this.#claims.set(record.id, { record, revision, bytes });
     if (this.#claims.size > this.#claimCacheSize) {
       this.#claims.delete(this.#claims.keys().next().value!);
     }
@@ -1663,6 +1774,50 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 const updateHeadroomBytes = 2_048;
 /** Longest `lastError` a record keeps, in bytes of its JSON encoding (longer ones are cut). */
 const maxLastErrorBytes = 1_024;
+/**
+ * Room a record write keeps below the server's max_payload for its headers (nats.js counts
+ * them: the compare-and-set's `Nats-Expected-Last-Subject-Sequence: <n>` is about 70 bytes).
+ */
+const writeHeadersBytes = 128;
+/** How the `lastError` of a job whose outcome was refused starts (the dispatcher's text too). */
+const outcomeRefusedPrefix = "outcome: the job's outcome cannot be stored: ";
+
+/**
+ * Whether `record` is dead because a dispatched mark of the claim `mark` names was refused for
+ * its outcome (see `#outcomeRefusal`), and `mark` is a dispatched mark of that claim.
+ */
+function refusedOutcome(record: StoredOutboxRecord, mark: OutboxMark): boolean {
+  return mark.state === "dispatched" && record.state === "dead" &&
+    mark.claim.claimToken !== undefined && record.claimToken === mark.claim.claimToken &&
+    record.attempts === mark.claim.attempts &&
+    record.lastError?.startsWith(outcomeRefusedPrefix) === true;
+}
+
+/**
+ * The claimed record behind a message, as far as the message tells: its enqueue position
+ * (`seq`, not in a message) counted as the largest, so its size is a bound from above.
+ */
+function claimedRecordOf(message: OutboxMessage): StoredOutboxRecord {
+  const record: StoredOutboxRecord = {
+    v: 1,
+    id: message.id,
+    kind: message.kind,
+    name: message.name,
+    subject: message.subject,
+    payload: message.payload,
+    headers: { ...message.headers },
+    state: message.state,
+    attempts: message.attempts,
+    createdAt: message.createdAt,
+    updatedAt: message.updatedAt,
+    seq: Number.MAX_SAFE_INTEGER,
+  };
+  if (message.nextAttemptAt !== undefined) record.nextAttemptAt = message.nextAttemptAt;
+  if (message.lastError !== undefined) record.lastError = message.lastError;
+  if (message.claimToken !== undefined) record.claimToken = message.claimToken;
+  if (message.orderingKey !== undefined) record.orderingKey = message.orderingKey;
+  return record;
+}
 
 /** `error` cut to at most {@linkcode maxLastErrorBytes} once JSON-encoded. */
 function boundedError(error: string): string {
