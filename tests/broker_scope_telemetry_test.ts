@@ -6,38 +6,15 @@
 
 import assert from "node:assert/strict";
 import { jetstream } from "@nats-io/jetstream";
-import {
-  AggregationTemporality,
-  type DataPoint,
-  MeterProvider,
-  MetricReader,
-  type ResourceMetrics,
-} from "@opentelemetry/sdk-metrics";
+import { type DataPoint, MeterProvider } from "@opentelemetry/sdk-metrics";
 import { createJetStreamRuntime, MemoryOutboxRepository, OutboxDispatcher } from "../mod.ts";
 import { OutboxTelemetry } from "../telemetry.ts";
 import { connectNats, uniqueName } from "./kit/mod.ts";
 import { signal } from "./helpers/dispatch.ts";
-
-class TestReader extends MetricReader {
-  constructor() {
-    super({ aggregationTemporalitySelector: () => AggregationTemporality.CUMULATIVE });
-  }
-  protected onForceFlush(): Promise<void> {
-    return Promise.resolve();
-  }
-  protected onShutdown(): Promise<void> {
-    return Promise.resolve();
-  }
-}
+import { metricPoints, TestReader } from "./helpers/metrics.ts";
 
 async function points(reader: TestReader, name: string): Promise<DataPoint<unknown>[]> {
-  const { resourceMetrics } = await reader.collect() as { resourceMetrics: ResourceMetrics };
-  for (const scope of resourceMetrics.scopeMetrics) {
-    for (const metric of scope.metrics) {
-      if (metric.descriptor.name === name) return metric.dataPoints as DataPoint<unknown>[];
-    }
-  }
-  return [];
+  return (await metricPoints(reader)).get(name) ?? [];
 }
 
 Deno.test("telemetry: attempts on a subject without a stream are counted in outbox.messages.no_stream, failures carry the scope", async () => {

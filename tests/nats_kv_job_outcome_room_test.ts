@@ -15,13 +15,7 @@ import assert from "node:assert/strict";
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstreamManager } from "@nats-io/jetstream";
-import {
-  AggregationTemporality,
-  type DataPoint,
-  MeterProvider,
-  MetricReader,
-  type ResourceMetrics,
-} from "@opentelemetry/sdk-metrics";
+import { MeterProvider } from "@opentelemetry/sdk-metrics";
 import {
   createOutboxBucket,
   type JsonValue,
@@ -35,6 +29,7 @@ import {
 } from "../mod.ts";
 import { OutboxTelemetry } from "../telemetry.ts";
 import { connectNats, NatsServer, sleep, uniqueName } from "./kit/mod.ts";
+import { metricPoints, sum, TestReader } from "./helpers/metrics.ts";
 
 const maxPayload = 16_384;
 
@@ -95,37 +90,13 @@ async function withKv(test: (fixture: Fixture) => Promise<void>): Promise<void> 
   }
 }
 
-class TestReader extends MetricReader {
-  constructor() {
-    super({ aggregationTemporalitySelector: () => AggregationTemporality.CUMULATIVE });
-  }
-  protected onForceFlush(): Promise<void> {
-    return Promise.resolve();
-  }
-  protected onShutdown(): Promise<void> {
-    return Promise.resolve();
-  }
-}
-
 /** The sum of a counter's points whose attributes include `filter`. */
 async function counted(
   reader: TestReader,
   name: string,
   filter: Record<string, string> = {},
 ): Promise<number> {
-  const { resourceMetrics } = await reader.collect() as { resourceMetrics: ResourceMetrics };
-  let total = 0;
-  for (const scope of resourceMetrics.scopeMetrics) {
-    for (const metric of scope.metrics) {
-      if (metric.descriptor.name !== name) continue;
-      for (const point of metric.dataPoints as DataPoint<number>[]) {
-        if (Object.entries(filter).every(([k, v]) => point.attributes[k] === v)) {
-          total += point.value;
-        }
-      }
-    }
-  }
-  return total;
+  return sum((await metricPoints(reader)).get(name), filter);
 }
 
 /**

@@ -21,13 +21,7 @@ import {
   type ReadableSpan,
   SimpleSpanProcessor,
 } from "@opentelemetry/sdk-trace-base";
-import {
-  AggregationTemporality,
-  type DataPoint,
-  MeterProvider,
-  MetricReader,
-  type ResourceMetrics,
-} from "@opentelemetry/sdk-metrics";
+import { MeterProvider } from "@opentelemetry/sdk-metrics";
 import { AckPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { DatabaseSync } from "node:sqlite";
 import {
@@ -46,18 +40,7 @@ import {
 } from "../mod.ts";
 import { injectTraceContext, OutboxTelemetry } from "../telemetry.ts";
 import { connectNats, createTestStream } from "./kit/mod.ts";
-
-class TestReader extends MetricReader {
-  constructor() {
-    super({ aggregationTemporalitySelector: () => AggregationTemporality.CUMULATIVE });
-  }
-  protected onForceFlush(): Promise<void> {
-    return Promise.resolve();
-  }
-  protected onShutdown(): Promise<void> {
-    return Promise.resolve();
-  }
-}
+import { metricPoints, sum, TestReader } from "./helpers/metrics.ts";
 
 function withOtel(): {
   spans: InMemorySpanExporter;
@@ -94,23 +77,6 @@ function byName(spans: ReadableSpan[], prefix: string): ReadableSpan {
   const span = spans.find((s) => s.name.startsWith(prefix));
   assert.ok(span, `a span named ${prefix}... among ${spans.map((s) => s.name).join(", ")}`);
   return span;
-}
-
-async function metricPoints(reader: TestReader): Promise<Map<string, DataPoint<unknown>[]>> {
-  const { resourceMetrics } = await reader.collect() as { resourceMetrics: ResourceMetrics };
-  const out = new Map<string, DataPoint<unknown>[]>();
-  for (const scope of resourceMetrics.scopeMetrics) {
-    for (const metric of scope.metrics) {
-      out.set(metric.descriptor.name, metric.dataPoints as DataPoint<unknown>[]);
-    }
-  }
-  return out;
-}
-
-function sum(points: DataPoint<unknown>[] | undefined, filter: Record<string, string> = {}) {
-  return (points ?? [])
-    .filter((p) => Object.entries(filter).every(([k, v]) => p.attributes[k] === v))
-    .reduce((total, p) => total + (p.value as number), 0);
 }
 
 for (const mode of ["parent", "link"] as const) {

@@ -60,28 +60,39 @@ export const sqliteHarness: ConformanceHarness = {
     const peer = openSqlite(path);
     const executor = nodeSqliteExecutor(db);
     await migrate(executor, { dialect: "sqlite" });
-    const peerExecutor = nodeSqliteExecutor(peer);
-    return {
-      outbox: new SqlOutboxRepository(executor, "sqlite"),
-      inbox: new SqlInboxRepository(executor, "sqlite"),
-      peers: [{
-        outbox: new SqlOutboxRepository(peerExecutor, "sqlite"),
-        inbox: new SqlInboxRepository(peerExecutor, "sqlite"),
-      }],
-      async corrupt(id) {
-        await executor.query(
-          "UPDATE trellis_outbox SET headers = '{not json', kind = 'event.bogus' WHERE id = ?1",
-          [id],
-        );
-      },
-      async close() {
-        peer.close();
-        db.close();
-        await Deno.remove(dir, { recursive: true });
-      },
-    };
+    return sqliteFixture(executor, nodeSqliteExecutor(peer), async () => {
+      peer.close();
+      db.close();
+      await Deno.remove(dir, { recursive: true });
+    });
   },
 };
+
+/**
+ * The fixture of a SQLite file: the stores on `executor`, one peer on `peerExecutor` (another
+ * connection to the same file), corruption written with `executor`.
+ */
+function sqliteFixture(
+  executor: SqlExecutor,
+  peerExecutor: SqlExecutor,
+  close: () => Promise<void>,
+): ConformanceFixture {
+  return {
+    outbox: new SqlOutboxRepository(executor, "sqlite"),
+    inbox: new SqlInboxRepository(executor, "sqlite"),
+    peers: [{
+      outbox: new SqlOutboxRepository(peerExecutor, "sqlite"),
+      inbox: new SqlInboxRepository(peerExecutor, "sqlite"),
+    }],
+    async corrupt(id) {
+      await executor.query(
+        "UPDATE trellis_outbox SET headers = '{not json', kind = 'event.bogus' WHERE id = ?1",
+        [id],
+      );
+    },
+    close,
+  };
+}
 
 /**
  * SQLite with the stores on a worker thread's connection (`sqliteWorkerExecutor`), as a relay
@@ -97,25 +108,11 @@ export const sqliteWorkerHarness: ConformanceHarness = {
     const peerExecutor = nodeSqliteExecutor(peer);
     const executor = await sqliteWorkerExecutor(path, { busyTimeoutMs: 10_000 });
     await migrate(executor, { dialect: "sqlite" });
-    return {
-      outbox: new SqlOutboxRepository(executor, "sqlite"),
-      inbox: new SqlInboxRepository(executor, "sqlite"),
-      peers: [{
-        outbox: new SqlOutboxRepository(peerExecutor, "sqlite"),
-        inbox: new SqlInboxRepository(peerExecutor, "sqlite"),
-      }],
-      async corrupt(id) {
-        await executor.query(
-          "UPDATE trellis_outbox SET headers = '{not json', kind = 'event.bogus' WHERE id = ?1",
-          [id],
-        );
-      },
-      async close() {
-        await executor.close();
-        peer.close();
-        await Deno.remove(dir, { recursive: true });
-      },
-    };
+    return sqliteFixture(executor, peerExecutor, async () => {
+      await executor.close();
+      peer.close();
+      await Deno.remove(dir, { recursive: true });
+    });
   },
 };
 
