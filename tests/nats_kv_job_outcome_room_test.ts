@@ -26,6 +26,7 @@ import {
   type OutboxRecord,
   type OutboxRepository,
   type OutboxRuntime,
+  OutboxValidationError,
 } from "../mod.ts";
 import { OutboxTelemetry } from "../telemetry.ts";
 import { connectNats, NatsServer, sleep, uniqueName } from "./kit/mod.ts";
@@ -357,14 +358,15 @@ Deno.test("nats kv: a bucket whose max_msg_size is below max_payload refuses an 
   const nc = await connectNats(server.url);
   const bucket = uniqueName("kvo");
   const kv = await createOutboxBucket(new Kvm(nc), bucket);
-  // A bucket made with a maxValueSize (the stream's max_msg_size) below the server's max_payload:
-  // the record of a job below it, whose outcome fits max_payload but not the bucket.
-  const jsm = await jetstreamManager(nc);
-  const { config } = await jsm.streams.info(`KV_${bucket}`);
-  await jsm.streams.update(`KV_${bucket}`, { ...config, max_msg_size: 8_192 });
+  // The bucket's maxValueSize (the stream's max_msg_size) is lowered below the server's
+  // max_payload after the repository read it (at its first enqueue): the record of a job below
+  // it, whose outcome fits max_payload but not the bucket. Only the server's refusal tells.
   const outbox = new NatsKvOutboxRepository(kv);
+  const jsm = await jetstreamManager(nc);
   try {
     await outbox.enqueueMany([job("direct", 5_000), job("large", 5_000), job("small", 10)]);
+    const { config } = await jsm.streams.info(`KV_${bucket}`);
+    await jsm.streams.update(`KV_${bucket}`, { ...config, max_msg_size: 8_192 });
 
     // Directly: the mark is refused, the message stored dead, and the same mark says so again.
     const [direct] = await outbox.claimDue(1, new Date());
@@ -453,6 +455,65 @@ Deno.test("nats kv: on a KV object that does not tell the server's max_payload, 
     assert.equal(stored?.state, "dead");
     assert.equal(stored?.outcome, undefined);
     assert.deepEqual(await outbox.claimDue(1, new Date(Date.now() + 120_000)), []);
+  } finally {
+    await outbox.close();
+    await nc.close();
+  }
+});
+
+Deno.test("nats kv: a bucket's own max_msg_size counts like max_payload: enqueue refuses a record no mark could rewrite, and the dispatcher asks with it", async () => {
+  await using server = await NatsServer.start({ maxPayload });
+  const nc = await connectNats(server.url);
+  const bucket = uniqueName("kvm");
+  const kv = await createOutboxBucket(new Kvm(nc), bucket);
+  const jsm = await jetstreamManager(nc);
+  const { config } = await jsm.streams.info(`KV_${bucket}`);
+  await jsm.streams.update(`KV_${bucket}`, { ...config, max_msg_size: 8_192 });
+  const outbox = new NatsKvOutboxRepository(kv);
+  try {
+    // Below max_payload (16 KiB) but within 2 KiB of the bucket's 8 KiB: a claim or a failed
+    // mark could not rewrite it, so it is refused at once, for the bucket's limit.
+    await assert.rejects(
+      outbox.enqueue(job("near", 7_000)),
+      (error: unknown) => {
+        assert.ok(error instanceof OutboxValidationError, String(error));
+        assert.match(error.message, /below the bucket's max_msg_size \(8192\)/);
+        return true;
+      },
+    );
+    await assert.rejects(outbox.enqueueMany([job("near-many", 7_000)]), OutboxValidationError);
+    assert.equal(await outbox.get("near"), undefined);
+    assert.equal(await outbox.get("near-many"), undefined);
+
+    await outbox.enqueueMany([job("large", 5_000), job("small", 10)]);
+    const runs = new Map<string, number>();
+    const dead = new Map<string, string>();
+    const errors: unknown[] = [];
+    const dispatcher = new OutboxDispatcher(outbox, {
+      publishPreparedEvent: () => Promise.reject(new Error("no events here")),
+      dispatchJobSubmission: (message: OutboxMessage) => {
+        runs.set(message.id, (runs.get(message.id) ?? 0) + 1);
+        return Promise.resolve(message.id === "large" ? outcomeOf(4_000) : { ok: true });
+      },
+    }, {
+      limit: 10,
+      leaseMs: 600,
+      idleRetryMs: 50,
+      retry: { maxAttempts: 100 },
+      onError: (error) => errors.push(error),
+      onDead: (message, info) => dead.set(message.id, info.lastError),
+    });
+    try {
+      await sleep(2_000);
+    } finally {
+      await dispatcher.stop();
+    }
+    assert.deepEqual(Object.fromEntries(runs), { large: 1, small: 1 });
+    assert.deepEqual(errors, []);
+    // The dispatcher asked first: the room it was told is the bucket's, not max_payload's.
+    assert.match(dead.get("large") ?? "", /the store has room for next to this message/);
+    assert.equal((await outbox.get("large"))?.state, "dead");
+    assert.equal((await outbox.get("small"))?.state, "dispatched");
   } finally {
     await outbox.close();
     await nc.close();

@@ -266,6 +266,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   #quietHeads = new Map<string, number>();
   /** Marker tombstones purged by `prune` so far (see `purgeNoticeKey`). */
   #markerPurges = 0;
+  /**
+   * The bucket's largest value (its stream's `max_msg_size`), read once from `kv.status()`:
+   * `undefined` while unread, `0` for none (or when the KV object cannot tell).
+   */
+  #bucketMaxValue: number | undefined;
+  #bucketMaxValueRead: Promise<void> | undefined;
 
   /** Uses `kv` (a bucket from `Kvm#create` / `Kvm#open`, or `createOutboxBucket`). */
   constructor(kv: KV, options: NatsKvOutboxOptions = {}) {
@@ -279,6 +285,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   /** Stores a record as `pending`; see {@linkcode OutboxRepository.enqueue}. */
   async enqueue(record: OutboxRecord, options: OutboxEnqueueOptions = {}): Promise<OutboxMessage> {
     const valid = validateOutboxRecord(record);
+    if (this.#bucketMaxValue === undefined) await this.#readBucketMaxValue();
     const prepared = this.#prepare(valid, new Date());
     const stored = await this.#store(valid, prepared, undefined, options.contextHeaders);
     await this.#joinIfActive(stored);
@@ -305,6 +312,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       else first.set(record.id, record);
     }
     const unique = [...first.values()];
+    if (this.#bucketMaxValue === undefined) await this.#readBucketMaxValue();
     const now = new Date();
     // Sizes before anything is written: a record the server cannot take fails the whole batch.
     const prepared = unique.map((record) => this.#prepare(record, now));
@@ -365,6 +373,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   ): Promise<OutboxMessage[]> {
     const max = checkedLimit(limit);
     const leaseMs = checkedLeaseMs(options.leaseMs);
+    // Known by the time a mark asks how much room a job's outcome has (never throws).
+    if (this.#bucketMaxValue === undefined) void this.#readBucketMaxValue();
     checkedDate(now, "now");
     if (max === 0) return [];
     let synced = await this.#index.ready();
@@ -489,14 +499,15 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 
   /**
    * How many bytes of job outcome (UTF-8 bytes of its JSON text) a dispatched mark of this
-   * claimed message can carry: the server's max_payload less the message's record as the mark
-   * writes it and {@linkcode writeHeadersBytes} for the write's headers (see
+   * claimed message can carry: the largest entry the bucket takes (the server's max_payload,
+   * or the bucket's `max_msg_size` when lower, read at the first enqueue or claim) less the
+   * message's record as the mark writes it and {@linkcode writeHeadersBytes} for the write's headers (see
    * {@linkcode OutboxRepository.outcomeRoomBytes}). A larger outcome is refused by
    * `markDispatched` / `markMany`, which store the message `dead`. Exact for a claim this
    * repository made (it remembers the record and its size, so a large payload is not encoded
    * again); for another one's, a bound a little below (the record's enqueue position is counted
-   * as the largest), and the record is encoded once. `undefined` when the server's
-   * max_payload is not known (nor checked). Enqueue keeps only 2 KiB of room, so a job whose
+   * as the largest), and the record is encoded once. `undefined` when neither limit is known
+   * (nor checked). Enqueue keeps only 2 KiB of room, so a job whose
    * payload is near the limit has room for about 2 KiB of outcome.
    *
    * @example
@@ -514,7 +525,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * ```
    */
   outcomeRoomBytes(message: OutboxMessage): number | undefined {
-    const maxPayload = serverMaxPayload(this.#kv);
+    const maxPayload = this.#entryLimit();
     if (maxPayload === undefined) return undefined;
     const cached = this.#claims.get(message.id);
     const own = cached !== undefined && cached.record.claimToken === message.claimToken &&
@@ -1053,7 +1064,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 
   /**
    * The record as stored at enqueue, encoded. Throws `OutboxValidationError` (field `payload`)
-   * when it would not leave {@linkcode updateHeadroomBytes} below the server's max_payload: the
+   * when it would not leave {@linkcode updateHeadroomBytes} below the largest entry the bucket
+   * takes (the server's max_payload, or the bucket's `max_msg_size` when lower): the
    * claim and the marks rewrite the record with more fields, and a record that can be stored but
    * never claimed would be stuck for good.
    */
@@ -1069,11 +1081,11 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       updatedAt: nowIso,
     };
     const bytes = encodeJson(stored);
-    const maxPayload = serverMaxPayload(this.#kv);
-    if (maxPayload !== undefined && bytes.length + updateHeadroomBytes > maxPayload) {
+    const limit = this.#entryLimit();
+    if (limit !== undefined && bytes.length + updateHeadroomBytes > limit) {
       throw new OutboxValidationError(
         "payload",
-        `Outbox record '${record.id}' is ${bytes.length} bytes as a NATS KV entry; it must stay ${updateHeadroomBytes} bytes below the server's max_payload (${maxPayload}) so claims and marks can rewrite it`,
+        `Outbox record '${record.id}' is ${bytes.length} bytes as a NATS KV entry; it must stay ${updateHeadroomBytes} bytes below the ${this.#entryLimitName()} (${limit}) so claims and marks can rewrite it`,
       );
     }
     return { stored, bytes };
@@ -1306,8 +1318,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
           refusal === undefined && mark.state === "dispatched" && mark.outcome !== undefined &&
           isTooLargeWrite(error)
         ) {
-          // The server refused the record's size although max_payload has room for it (the
-          // bucket's max_msg_size is lower, or max_payload is not known here): the same loop
+          // The server refused the record's size although the known limit has room for it (the
+          // bucket's max_msg_size was lowered after it was read, or no limit is known): the same loop
           // as above, so it goes dead the same way, on the same revision (not a lost race).
           tooLarge = this.#outcomeRefusedBy(next, value.length, error);
           attempt -= 1;
@@ -1327,16 +1339,56 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /**
-   * The `lastError` of a dispatched record (`bytes` long once encoded) that the server's
-   * max_payload cannot take with its outcome, or `undefined` when it fits (or the limit is not
+   * The `lastError` of a dispatched record (`bytes` long once encoded) that the bucket's entry
+   * limit cannot take with its outcome, or `undefined` when it fits (or the limit is not
    * known).
    */
   #outcomeRefusal(next: StoredOutboxRecord, bytes: number): string | undefined {
-    const maxPayload = serverMaxPayload(this.#kv);
-    if (maxPayload === undefined || bytes + writeHeadersBytes <= maxPayload) return undefined;
+    const limit = this.#entryLimit();
+    if (limit === undefined || bytes + writeHeadersBytes <= limit) return undefined;
     const outcomeBytes = new TextEncoder().encode(JSON.stringify(next.outcome)).length;
-    const room = Math.max(0, maxPayload - writeHeadersBytes - (bytes - outcomeBytes));
-    return `${outcomeRefusedPrefix}Outbox outcome is ${outcomeBytes} bytes of JSON, more than the ${room} bytes its NATS KV record has room for below the server's max_payload (${maxPayload})`;
+    const room = Math.max(0, limit - writeHeadersBytes - (bytes - outcomeBytes));
+    return `${outcomeRefusedPrefix}Outbox outcome is ${outcomeBytes} bytes of JSON, more than the ${room} bytes its NATS KV record has room for below the ${this.#entryLimitName()} (${limit})`;
+  }
+
+  /**
+   * The largest entry this bucket takes: the server's max_payload, or the bucket's own
+   * `max_msg_size` (its `maxValueSize`) when that is lower and has been read; `undefined` when
+   * neither is known.
+   */
+  #entryLimit(): number | undefined {
+    const maxPayload = serverMaxPayload(this.#kv);
+    const bucket = this.#bucketMaxValue || undefined;
+    if (maxPayload === undefined) return bucket;
+    return bucket !== undefined && bucket < maxPayload ? bucket : maxPayload;
+  }
+
+  /** What {@linkcode #entryLimit} is, for error texts. */
+  #entryLimitName(): string {
+    const maxPayload = serverMaxPayload(this.#kv);
+    const bucket = this.#bucketMaxValue || undefined;
+    return bucket !== undefined && (maxPayload === undefined || bucket < maxPayload)
+      ? "bucket's max_msg_size"
+      : "server's max_payload";
+  }
+
+  /**
+   * Reads the bucket's `max_msg_size` once (enqueues wait for it, so a record the bucket could
+   * store but no claim or mark could rewrite is refused up front; claims start it). When the
+   * read fails (no permission for the stream's info) or the KV object has no `status()`, the
+   * server's max_payload alone counts: enqueues do not wait on a read that keeps failing.
+   */
+  #readBucketMaxValue(): Promise<void> {
+    this.#bucketMaxValueRead ??= (async () => {
+      try {
+        const status = typeof this.#kv.status === "function" ? await this.#kv.status() : undefined;
+        const max = status?.maxValueSize;
+        this.#bucketMaxValue = typeof max === "number" && max > 0 ? max : 0;
+      } catch {
+        this.#bucketMaxValue = 0;
+      }
+    })();
+    return this.#bucketMaxValueRead;
   }
 
   /**
