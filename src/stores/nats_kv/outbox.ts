@@ -89,7 +89,14 @@ import {
   type StoredOutboxRecord,
   toMessage,
 } from "./records.ts";
-import { mapInFlight, rawPurger, removalsInFlight, removeIfUnchanged, scanLatest } from "./scan.ts";
+import {
+  mapInFlight,
+  rawRemover,
+  removalsInFlight,
+  removeIfUnchanged,
+  type Remover,
+  scanLatest,
+} from "./scan.ts";
 
 /**
  * Options of {@linkcode NatsKvOutboxRepository}.
@@ -520,7 +527,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * Scans the records once (admin cost: proportional to the bucket). A record that changed
    * since the scan (a requeue) is kept. On a `Bucket` from `@nats-io/kv` the entries are removed
    * without tombstones (and the marker tombstone with them), so a restarted claimer's watch
-   * does not replay them; on other KV objects a purge tombstone stays.
+   * does not replay them; on other KV objects a delete tombstone stays. Never by a purge, which
+   * makes running watches skip markers (see `rawRemover`).
    */
   async prune(options: OutboxPruneOptions): Promise<OutboxPruneResult> {
     const codec = await recordCodec();
@@ -553,7 +561,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         victims.dead.push(entry);
       }
     });
-    const purge = rawPurger(this.#kv);
+    const remove = rawRemover(this.#kv);
     for (const state of ["dispatched", "dead"] as const) {
       const entries = victims[state];
       for (let start = 0; start < entries.length; start += batchSize) {
@@ -563,7 +571,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
           const removed = await mapInFlight(
             batch,
             removalsInFlight,
-            (entry) => this.#remove(entry, purge),
+            (entry) => this.#remove(entry, remove),
           );
           result[state] += removed.filter(Boolean).length;
         }
@@ -571,7 +579,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       }
     }
     if (dispatchedBefore !== undefined && !options.dryRun) {
-      await this.#retireIdleKeys(dispatchedBefore, batchSize, purge);
+      await this.#retireIdleKeys(dispatchedBefore, batchSize, remove);
     }
     return result;
   }
@@ -588,7 +596,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   async #retireIdleKeys(
     cutoff: string,
     batchSize: number,
-    purge: ReturnType<typeof rawPurger>,
+    remove: Remover | undefined,
   ): Promise<number> {
     const codec = await recordCodec();
     const idle: KvEntry[] = [];
@@ -603,7 +611,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       const done = await mapInFlight(
         idle.slice(start, start + batchSize),
         removalsInFlight,
-        (entry) => removeIfUnchanged(this.#kv, purge, entry.key, entry.revision),
+        (entry) => removeIfUnchanged(this.#kv, remove, entry.key, entry.revision),
       );
       retired += done.filter(Boolean).length;
     }
@@ -1261,16 +1269,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     }
   }
 
-  async #remove(
-    entry: KvEntry,
-    purge: ((key: string, revision: number) => Promise<number>) | undefined,
-  ): Promise<boolean> {
-    if (!await removeIfUnchanged(this.#kv, purge, entry.key, entry.revision)) return false;
-    if (purge) {
+  async #remove(entry: KvEntry, remove: Remover | undefined): Promise<boolean> {
+    if (!await removeIfUnchanged(this.#kv, remove, entry.key, entry.revision)) return false;
+    if (remove) {
       // The settled record's marker tombstone goes too, keeping the watch's snapshot small.
       const markerKey = markerKeyOf(entry.key);
       const marker = await this.#requests.get(markerKey);
-      if (marker && marker.operation !== "PUT") await purge(markerKey, marker.revision);
+      if (marker && marker.operation !== "PUT") await remove(markerKey, marker.revision);
     }
     return true;
   }
