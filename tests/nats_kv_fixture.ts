@@ -161,6 +161,20 @@ export function intercept<K extends KvMethod>(
   });
 }
 
+/**
+ * `kv` without its JetStream manager: a KV object that offers only the KV interface, so the stores
+ * remove entries with KV calls (tombstones stay) instead of stream message deletes.
+ */
+export function withoutStreamAccess<T extends object>(kv: T): T {
+  return new Proxy(kv, {
+    get(target, property) {
+      if (property === "jsm") return undefined;
+      const value = Reflect.get(target, property, target);
+      return typeof value === "function" ? value.bind(target) : value;
+    },
+  });
+}
+
 /** Whether a bucket key is an ordering key's entry (`q._k.<token>`). */
 export function isKeyEntry(key: string): boolean {
   return key.startsWith(`${keyEntryPrefix}.`);

@@ -1,12 +1,13 @@
 /**
- * NATS KV prune and the claimers' watches. On nats-server 2.9.10 (the reference server), a
- * stream purge of one subject (how prune retires an idle key's entry `q._k.<key>`, and how it
- * removes a pruned message's marker tombstone) moves every consumer whose filter covers that
- * subject past ALL the messages it has not been delivered yet, on any subject
- * (scratch: a pull consumer of `q.>` skips a marker written before the purge). A claimer's
- * index is such a consumer (`q.>`): one that lagged behind while another process pruned
- * never saw the markers written meanwhile, so it never claimed those messages, and its
- * hand-overs passed over keyed messages it did not know (out of order, or a key stalled).
+ * NATS KV prune and the claimers' watches, end to end. On nats-server 2.9.10 (the reference
+ * server), a stream purge of one subject (how prune used to retire an idle key's entry
+ * `q._k.<key>` and remove a pruned message's marker tombstone) moves every consumer whose
+ * filter covers that subject past ALL the messages it has not been delivered yet, on any
+ * subject. A claimer's index is such a consumer (`q.>`): one that lagged behind while another
+ * process pruned never saw the markers written meanwhile, so it never claimed those messages,
+ * and its hand-overs passed over keyed messages it did not know. Prune now deletes exactly the
+ * stream messages it saw (tests/nats_kv_prune_strand_test.ts checks the consumer positions);
+ * here a lagging claimer must still claim every message.
  *
  * The lag is placed, not timed: the claimer's watch is held (its iterator yields nothing, so
  * its pull consumer asks for nothing more) while messages are enqueued and another process

@@ -17,7 +17,13 @@ import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
 import { isWrongLastSequence } from "../src/stores/nats_kv/errors.ts";
 import { KvRequests } from "../src/stores/nats_kv/kv_requests.ts";
 import { connectNats, eventually, uniqueName } from "./kit/mod.ts";
-import { countingKv, newCounts, openKvFixture, operations } from "./nats_kv_fixture.ts";
+import {
+  countingKv,
+  newCounts,
+  openKvFixture,
+  operations,
+  withoutStreamAccess,
+} from "./nats_kv_fixture.ts";
 
 let counter = 0;
 function record(overrides: Partial<OutboxRecord> = {}): OutboxRecord {
@@ -531,16 +537,9 @@ Deno.test("nats kv: a starting claimer learns other claimers' leases once", asyn
 
 Deno.test("nats kv: prune on a KV object without stream access leaves tombstones only", async () => {
   await using fixture = await openKvFixture();
-  // A KV that exposes only the KV interface (no JetStream manager): purges leave tombstones.
-  const hideManager = <T extends object>(kv: T): T =>
-    new Proxy(kv, {
-      get(target, property) {
-        if (property === "jsm") return undefined;
-        const value = Reflect.get(target, property, target);
-        return typeof value === "function" ? value.bind(target) : value;
-      },
-    });
-  const outbox = fixture.outbox({ kv: hideManager(fixture.kv) });
+  // A KV that exposes only the KV interface (no JetStream manager): deletes leave tombstones
+  // (revision-checked deletes, not purges: see tests/nats_kv_prune_strand_test.ts).
+  const outbox = fixture.outbox({ kv: withoutStreamAccess(fixture.kv) });
   const [a, b] = [record(), record()];
   await outbox.enqueueMany([a, b]);
   const claims = await outbox.claimDue(2, new Date());
@@ -548,11 +547,11 @@ Deno.test("nats kv: prune on a KV object without stream access leaves tombstones
   const result = await outbox.prune({ dispatchedBefore: new Date(Date.now() + 60_000) });
   assert.deepEqual({ ...result }, { dispatched: 1, dead: 0 });
   assert.equal(await outbox.get(a.id), undefined);
-  assert.equal((await fixture.kv.get(await outboxRecordKey(a.id)))?.operation, "PURGE");
+  assert.equal((await fixture.kv.get(await outboxRecordKey(a.id)))?.operation, "DEL");
   assert.equal((await outbox.get(b.id))?.state, "claimed");
   // The id can be enqueued again over the tombstone.
   assert.equal((await outbox.enqueue(a)).state, "pending");
-  const inbox = fixture.inbox({ kv: hideManager(fixture.inboxKv) });
+  const inbox = fixture.inbox({ kv: withoutStreamAccess(fixture.inboxKv) });
   assert.equal(await inbox.record("old", new Date(Date.now() - 60_000)), true);
   assert.equal(await inbox.prune({ receivedBefore: new Date(Date.now() - 1_000) }), 1);
   assert.equal(await inbox.record("old"), true);

@@ -14,15 +14,7 @@
 import type { KV, KvWatchEntry } from "@nats-io/kv";
 import { KvRequests } from "./kv_requests.ts";
 import { NatsKvIndexError } from "./errors.ts";
-import {
-  decodeToken,
-  isKeyEntryKey,
-  markerPrefix,
-  purgeNoticeKey,
-  recordKeyOf,
-  syncKey,
-  tokenOf,
-} from "./keys.ts";
+import { decodeToken, isKeyEntryKey, markerPrefix, recordKeyOf, syncKey, tokenOf } from "./keys.ts";
 import { type KeyEntry, type RecordCodec, recordCodec } from "./records.ts";
 
 /** One active message as the index knows it. */
@@ -116,11 +108,6 @@ export class ActiveIndex {
   #live = false;
   #closed = false;
   #waiters = new Set<Waiter>();
-  /**
-   * A revision written before the current watch was created: a purge notice above it may stand
-   * for a purge that made this watch skip entries (see `purgeNoticeKey`).
-   */
-  #noticeFloor = Infinity;
   /** The rebuild under way (`restart`), while it runs. */
   #restarting: Promise<void> | undefined;
   #listeners = new Set<(work: ActiveWork) => void>();
@@ -158,7 +145,7 @@ export class ActiveIndex {
       await this.#barrier();
     } catch (error) {
       if (this.#closed) throw error;
-      // A rebuild already under way (a purge notice's) may have started before this call.
+      // A rebuild already under way (another caller's) may have started before this call.
       const joined = this.#restarting !== undefined;
       await this.restart();
       if (joined) await this.#barrier();
@@ -365,13 +352,6 @@ export class ActiveIndex {
     this.#unmarked = new Map();
     this.#lastRevision = 0;
     this.#live = false;
-    // Before the watch exists: a purge notice written after this revision may follow a purge
-    // that skipped part of this watch's snapshot or updates.
-    const floor = await this.#requests.put(syncKey, `${Date.now()}`);
-    if (this.#closed || generation !== this.#generation) {
-      throw new NatsKvIndexError("The outbox index was stopped while starting");
-    }
-    this.#noticeFloor = floor;
     const iterator = await this.#kv.watch({ key: `${markerPrefix}.>` });
     if (this.#closed || generation !== this.#generation) {
       iterator.stop();
@@ -472,9 +452,7 @@ export class ActiveIndex {
     const written = entry.created.getTime();
     if (written > this.#serverTimeMs) this.#serverTimeMs = written;
     if (entry.revision > this.#lastRevision) this.#lastRevision = entry.revision;
-    if (entry.key === purgeNoticeKey) {
-      if (entry.revision > this.#noticeFloor) this.#rebuildAfterPurge();
-    } else if (isKeyEntryKey(entry.key)) this.#applyKeyEntry(entry);
+    if (isKeyEntryKey(entry.key)) this.#applyKeyEntry(entry);
     else if (entry.key !== syncKey) {
       if (entry.operation === "PUT") this.#upsert(entry);
       else {
@@ -488,25 +466,6 @@ export class ActiveIndex {
         waiter.resolve();
       }
     }
-  }
-
-  /**
-   * A prune purged entries under `q.>` after this watch began: the server may have moved the
-   * watch past entries it had not delivered (see `purgeNoticeKey`), which no later event brings
-   * back. The index is built again from a fresh snapshot; claims wait for it as for any start.
-   * A notice that the watch of a rebuild still starting delivers asks for one more.
-   */
-  #rebuildAfterPurge(): void {
-    if (this.#closed) return;
-    this.#noticeFloor = Infinity; // this watch is being replaced: its later notices add nothing
-    const running = this.#restarting;
-    if (running) {
-      running.then(() => this.#rebuildAfterPurge(), () => {});
-      return;
-    }
-    this.restart().catch(() => {
-      // The next claim or sync starts the index again.
-    });
   }
 
   #applyKeyEntry(watched: KvWatchEntry): void {

@@ -9,6 +9,11 @@
 export const wrongLastSequenceCode = 10071;
 /** JetStream API error code: wrong last sequence, reported as unknown by newer servers. */
 export const wrongLastSequenceUnknownCode = 10164;
+/**
+ * JetStream API error codes of a stream message delete that found no such message ("no message
+ * found"; "sequence N not found" when another delete of it runs at the same time).
+ */
+export const messageNotFoundCodes: readonly number[] = [10057, 10043];
 
 /**
  * The JetStream API error code (`err_code`) of `error` or of an error in its `cause` chain, or

@@ -19,7 +19,13 @@ import type {
 import { isWrongLastSequence } from "./errors.ts";
 import { inboxKey, inboxPrefix } from "./keys.ts";
 import { encodeJson, type InboxEntry, recordCodec } from "./records.ts";
-import { mapInFlight, rawPurger, removalsInFlight, removeIfUnchanged, scanLatest } from "./scan.ts";
+import {
+  mapInFlight,
+  rawRemover,
+  removalsInFlight,
+  removeIfUnchanged,
+  scanLatest,
+} from "./scan.ts";
 
 /**
  * Options of {@linkcode NatsKvInboxRepository}.
@@ -144,14 +150,14 @@ export class NatsKvInboxRepository implements InboxRepository, InboxAdmin {
         entry.created.toISOString();
       if (receivedAt < cutoff) victims.push(entry);
     });
-    const purge = rawPurger(this.#kv);
+    const remove = rawRemover(this.#kv);
     let removed = 0;
     for (let start = 0; start < victims.length; start += batchSize) {
       const batch = victims.slice(start, start + batchSize);
       const done = await mapInFlight(
         batch,
         removalsInFlight,
-        (entry) => removeIfUnchanged(this.#kv, purge, entry.key, entry.revision),
+        (entry) => removeIfUnchanged(this.#kv, remove, entry.key, entry.revision),
       );
       removed += done.filter(Boolean).length;
     }

@@ -31,16 +31,6 @@ export const syncKey = `${markerPrefix}._sync`;
  * markers' prefix so the claimers' one watch on `q.>` sees them; never an id token either.
  */
 export const keyEntryPrefix = `${markerPrefix}._k`;
-/**
- * Written by prune after it purged entries under `q.>` (a retired key's entry, a pruned
- * message's marker tombstone): on nats-server 2.9.10 such a stream purge moves every consumer
- * of `q.>` past all the messages it had not been delivered yet, on any subject, so a claimer's
- * watch that lagged behind may have missed markers. A claimer whose watch sees this entry
- * written after the watch began builds its index again (active_index.ts). Under the key
- * entries' prefix, with no key token (those start with `b` or `h`): claimers of earlier
- * versions read it as a damaged entry of no key they know, and ignore it.
- */
-export const purgeNoticeKey = `${keyEntryPrefix}._purged`;
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder("utf-8", { fatal: true });

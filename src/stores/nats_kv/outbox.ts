@@ -77,7 +77,6 @@ import {
   keyEntryPrefix,
   markerKeyOf,
   outboxRecordKey,
-  purgeNoticeKey,
   recordPrefix,
   tokenOf,
 } from "./keys.ts";
@@ -91,7 +90,14 @@ import {
   type StoredOutboxRecord,
   toMessage,
 } from "./records.ts";
-import { mapInFlight, rawPurger, removalsInFlight, removeIfUnchanged, scanLatest } from "./scan.ts";
+import {
+  mapInFlight,
+  rawRemover,
+  removalsInFlight,
+  removeIfUnchanged,
+  type Remover,
+  scanLatest,
+} from "./scan.ts";
 
 /**
  * Options of {@linkcode NatsKvOutboxRepository}.
@@ -264,8 +270,6 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * `#repairKeys`).
    */
   #quietHeads = new Map<string, number>();
-  /** Marker tombstones purged by `prune` so far (see `purgeNoticeKey`). */
-  #markerPurges = 0;
   /**
    * The bucket's largest value (its stream's `max_msg_size`), read once from `kv.status()`:
    * `undefined` while unread, `0` for none (or when the KV object cannot tell).
@@ -591,7 +595,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * Scans the records once (admin cost: proportional to the bucket). A record that changed
    * since the scan (a requeue) is kept. On a `Bucket` from `@nats-io/kv` the entries are removed
    * without tombstones (and the marker tombstone with them), so a restarted claimer's watch
-   * does not replay them; on other KV objects a purge tombstone stays.
+   * does not replay them; on other KV objects a delete tombstone stays. Never by a purge, which
+   * makes running watches skip markers (see `rawRemover`).
    */
   async prune(options: OutboxPruneOptions): Promise<OutboxPruneResult> {
     const codec = await recordCodec();
@@ -624,8 +629,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         victims.dead.push(entry);
       }
     });
-    const purge = rawPurger(this.#kv);
-    const markerPurges = this.#markerPurges;
+    const remove = rawRemover(this.#kv);
     for (const state of ["dispatched", "dead"] as const) {
       const entries = victims[state];
       for (let start = 0; start < entries.length; start += batchSize) {
@@ -635,26 +639,17 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
           const removed = await mapInFlight(
             batch,
             removalsInFlight,
-            (entry) => this.#remove(entry, purge),
+            (entry) => this.#remove(entry, remove),
           );
           result[state] += removed.filter(Boolean).length;
         }
         options.onProgress?.({ ...result });
       }
     }
-    // Purges under `q.>` may have made lagging watches skip markers: they rebuild (keys.ts).
-    if (this.#markerPurges !== markerPurges) await this.#noticePurge();
     if (dispatchedBefore !== undefined && !options.dryRun) {
-      if (await this.#retireIdleKeys(dispatchedBefore, batchSize, purge) > 0) {
-        await this.#noticePurge();
-      }
+      await this.#retireIdleKeys(dispatchedBefore, batchSize, remove);
     }
     return result;
-  }
-
-  /** Tells every claimer's index that entries under `q.>` were purged (see `purgeNoticeKey`). */
-  async #noticePurge(): Promise<void> {
-    await this.#requests.put(purgeNoticeKey, new Date().toISOString());
   }
 
   /**
@@ -669,7 +664,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   async #retireIdleKeys(
     cutoff: string,
     batchSize: number,
-    purge: ReturnType<typeof rawPurger>,
+    remove: Remover | undefined,
   ): Promise<number> {
     const codec = await recordCodec();
     const idle: KvEntry[] = [];
@@ -684,7 +679,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       const done = await mapInFlight(
         idle.slice(start, start + batchSize),
         removalsInFlight,
-        (entry) => removeIfUnchanged(this.#kv, purge, entry.key, entry.revision),
+        (entry) => removeIfUnchanged(this.#kv, remove, entry.key, entry.revision),
       );
       retired += done.filter(Boolean).length;
     }
@@ -1437,19 +1432,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     }
   }
 
-  async #remove(
-    entry: KvEntry,
-    purge: ((key: string, revision: number) => Promise<number>) | undefined,
-  ): Promise<boolean> {
-    if (!await removeIfUnchanged(this.#kv, purge, entry.key, entry.revision)) return false;
-    if (purge) {
+  async #remove(entry: KvEntry, remove: Remover | undefined): Promise<boolean> {
+    if (!await removeIfUnchanged(this.#kv, remove, entry.key, entry.revision)) return false;
+    if (remove) {
       // The settled record's marker tombstone goes too, keeping the watch's snapshot small.
       const markerKey = markerKeyOf(entry.key);
       const marker = await this.#requests.get(markerKey);
-      if (marker && marker.operation !== "PUT") {
-        this.#markerPurges += 1;
-        await purge(markerKey, marker.revision);
-      }
+      if (marker && marker.operation !== "PUT") await remove(markerKey, marker.revision);
     }
     return true;
   }

@@ -5,7 +5,7 @@
  * @module
  */
 
-import { isWrongLastSequence } from "./errors.ts";
+import { isWrongLastSequence, jetStreamErrorCode, messageNotFoundCodes } from "./errors.ts";
 import type { KV, KvEntry } from "@nats-io/kv";
 
 /**
@@ -40,56 +40,82 @@ export async function scanLatest(
   for (const entry of latest.values()) await visit(entry);
 }
 
-/** The parts of `@nats-io/kv`'s `Bucket` that allow purging a subject without a tombstone. */
-interface RawPurgeCapable {
+/** The parts of `@nats-io/kv`'s `Bucket` that allow deleting one stored message. */
+interface RawDeleteCapable {
   jsm: {
     streams: {
-      purge(stream: string, options: { filter: string; seq: number }): Promise<{ purged: number }>;
+      deleteMessage(stream: string, seq: number, erase?: boolean): Promise<boolean>;
     };
   };
   stream: string;
-  encodeKey(key: string): string;
-  subjectForKey(key: string): string;
 }
 
+/** Removes an entry of a key if it is still at `revision`; `false` when it changed since. */
+export type Remover = (key: string, revision: number) => Promise<boolean>;
+
 /**
- * Removes the messages of one key up to and including `revision`, without writing a tombstone,
- * when the KV object is a `Bucket` (it exposes its JetStream manager); later revisions are kept,
- * so this is a compare-and-delete. Returns how many messages were removed, or `undefined` when
- * the KV object offers no such access.
+ * Removes revision `revision` of a key without writing a tombstone, when the KV object is a
+ * `Bucket` (it exposes its JetStream manager): a delete of exactly that stream message, so a later
+ * revision is kept (a compare-and-delete). In a bucket that keeps history, the key's older
+ * revisions are deleted first, so the key never shows an older value. Returns `false` when the
+ * message is gone (changed, or removed by another prune), or `undefined` when the KV object offers
+ * no such access.
+ *
+ * Never a stream purge filtered on the key's subject: on nats-server 2.9.10 (measured) such a
+ * purge, and a KV purge (a rollup), moves every consumer whose filter covers that subject (a
+ * claimer's watch on the markers, an admin scan of the records) to the end of the stream, or to
+ * the subject's remaining message, so it never delivers what it had not delivered yet: claimers
+ * missed markers and left their messages pending until a process restarted
+ * (nats-io/nats-server#3838 narrowed which consumers a filtered purge moves). A consumer only
+ * skips a deleted message.
  */
-export function rawPurger(
-  kv: KV,
-): ((key: string, revision: number) => Promise<number>) | undefined {
-  const candidate = kv as unknown as Partial<RawPurgeCapable>;
+export function rawRemover(kv: KV): Remover | undefined {
+  const candidate = kv as unknown as Partial<RawDeleteCapable>;
   if (
-    typeof candidate.jsm?.streams?.purge !== "function" || typeof candidate.stream !== "string" ||
-    typeof candidate.encodeKey !== "function" || typeof candidate.subjectForKey !== "function"
+    typeof candidate.jsm?.streams?.deleteMessage !== "function" ||
+    typeof candidate.stream !== "string"
   ) {
     return undefined;
   }
-  const bucket = candidate as RawPurgeCapable;
+  const bucket = candidate as RawDeleteCapable;
+  let keepsHistory: Promise<boolean> | undefined;
+  const deleteStored = async (seq: number): Promise<boolean> => {
+    try {
+      return await bucket.jsm.streams.deleteMessage(bucket.stream, seq, false);
+    } catch (error) {
+      if (messageNotFoundCodes.includes(jetStreamErrorCode(error) ?? 0)) return false; // gone
+      throw error;
+    }
+  };
   return async (key, revision) => {
-    const filter = bucket.subjectForKey(bucket.encodeKey(key));
-    const response = await bucket.jsm.streams.purge(bucket.stream, { filter, seq: revision + 1 });
-    return response.purged;
+    keepsHistory ??= kv.status().then((status) => status.history > 1);
+    if (await keepsHistory) {
+      const older: number[] = [];
+      const iterator = await kv.history({ key });
+      for await (const entry of iterator) {
+        if (entry.revision < revision) older.push(entry.revision);
+      }
+      for (const seq of older) await deleteStored(seq);
+    }
+    return await deleteStored(revision);
   };
 }
 
 /**
  * Removes `key` if it is still at `revision` (what a scan saw): without a tombstone through
- * `purge` (from {@linkcode rawPurger}) when there is one, else with a revision-checked KV purge.
- * Returns `false` when the key changed since.
+ * `remove` (from {@linkcode rawRemover}) when there is one, else with a revision-checked KV delete
+ * (a tombstone stays; not a KV purge, which moves watches as a filtered purge does: see
+ * {@linkcode rawRemover}). Returns `false` when the key changed since.
  */
 export async function removeIfUnchanged(
   kv: KV,
-  purge: ((key: string, revision: number) => Promise<number>) | undefined,
+  remove: Remover | undefined,
   key: string,
   revision: number,
 ): Promise<boolean> {
-  if (purge) return await purge(key, revision) > 0;
+  if (remove) return await remove(key, revision);
   try {
-    await kv.purge(key, { previousSeq: revision });
+    await kv.delete(key, { previousSeq: revision });
     return true;
   } catch (error) {
     if (isWrongLastSequence(error)) return false;
