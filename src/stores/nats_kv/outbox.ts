@@ -657,9 +657,15 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * last message was settled and handed over to nobody) whose settle time (`KeyEntry.t`, else
    * the entry's write time: every join and hand-over rewrites it) is before `cutoff`. Each
    * removal is conditional on the revision the scan read (as the records' removals are): a join
-   * that wrote the entry since keeps it; a join that lands after the removal finds no entry (its
-   * compare-and-set on the old revision fails), reads again and creates the head. The key's next
-   * message is then its first: no `keySequence` (published without the broker fence).
+   * that wrote the entry since keeps it; a join that lands after the removal finds a tombstone
+   * (its compare-and-set on the old revision fails), reads again and creates the head. The key's
+   * next message is then its first: no `keySequence` (published without the broker fence).
+   *
+   * The entry is deleted with a tombstone (a revision-checked KV delete), not removed outright:
+   * every running claimer's watch sees the tombstone and forgets the key (removed without one,
+   * the key stayed in the memory of every running index until it restarted: one state per key
+   * ever used). The tombstones a scan finds (the previous prune's) are removed without one
+   * (`remove`), exactly the revision the scan saw, so a new claimer's watch does not replay them.
    */
   async #retireIdleKeys(
     cutoff: string,
@@ -668,18 +674,29 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   ): Promise<number> {
     const codec = await recordCodec();
     const idle: KvEntry[] = [];
+    const tombstones: KvEntry[] = [];
     await scanLatest(this.#kv, `${keyEntryPrefix}.>`, (entry) => {
-      if (entry.operation !== "PUT") return;
+      if (entry.operation !== "PUT") {
+        if (remove) tombstones.push(entry);
+        return;
+      }
       const value = codec.decodeKeyEntry(entry.value);
       if (value === undefined || value.head !== undefined) return;
       if ((value.t ?? entry.created.toISOString()) < cutoff) idle.push(entry);
     });
+    for (let start = 0; start < tombstones.length; start += batchSize) {
+      await mapInFlight(
+        tombstones.slice(start, start + batchSize),
+        removalsInFlight,
+        (entry) => remove!(entry.key, entry.revision),
+      );
+    }
     let retired = 0;
     for (let start = 0; start < idle.length; start += batchSize) {
       const done = await mapInFlight(
         idle.slice(start, start + batchSize),
         removalsInFlight,
-        (entry) => removeIfUnchanged(this.#kv, remove, entry.key, entry.revision),
+        (entry) => removeIfUnchanged(this.#kv, undefined, entry.key, entry.revision),
       );
       retired += done.filter(Boolean).length;
     }
