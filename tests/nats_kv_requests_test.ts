@@ -607,3 +607,31 @@ Deno.test("kv requests: deleteUnconfirmed writes the tombstone kv.delete writes,
     assert.deepEqual(counts.calls, { delete: 1 });
   });
 });
+
+Deno.test("kv requests: a create over a tombstone that prune removes between the read and the write still creates", async () => {
+  await withBucket(async (kv, _requests, nc) => {
+    const requests = new KvRequests(kv);
+    assert.equal(requests.pipelined, true);
+    await kv.put("k", "old");
+    await kv.delete("k");
+    // Prune removes the tombstone (a message delete, no new one) right after create read it: the
+    // write expecting that tombstone's revision loses. The key has no entry at all, so a create
+    // must succeed; the stores read the loss as "the key exists" (a marker not written: its
+    // message stranded until a repair).
+    const jsm = await jetstreamManager(nc);
+    const stream = (kv as unknown as { stream: string }).stream;
+    const read = requests.get.bind(requests);
+    let removed = 0;
+    requests.get = async (key: string) => {
+      const entry = await read(key);
+      if (entry?.operation === "DEL" && removed++ === 0) {
+        await jsm.streams.deleteMessage(stream, entry.revision, false);
+      }
+      return entry;
+    };
+    const revision = await requests.create("k", "new");
+    assert.equal(removed, 1, "the tombstone was removed inside the create");
+    assert.equal((await kv.get("k"))?.string(), "new");
+    assert.equal((await kv.get("k"))?.revision, revision);
+  });
+});

@@ -6,6 +6,8 @@
 
 import assert from "node:assert/strict";
 import type { OutboxRecord } from "../mod.ts";
+import { ActiveIndex } from "../src/stores/nats_kv/active_index.ts";
+import { keyEntryPrefix } from "../src/stores/nats_kv/keys.ts";
 import { keyedRecord } from "./conformance/records.ts";
 import { intercept, isKeyEntry, openKvFixture } from "./nats_kv_fixture.ts";
 
@@ -105,4 +107,36 @@ Deno.test("nats kv retire keys: a key joined before the prune keeps its entry an
   const [claim2] = await b.claimDue(10, new Date());
   assert.equal(claim2?.id, m2.id);
   assert.equal(claim2.keySequence, 5);
+});
+
+Deno.test("nats kv retire keys: a running claimer's index forgets the keys prune retired, and the next prune leaves none of their entries in the bucket", async () => {
+  await using fixture = await openKvFixture();
+  const outbox = fixture.outbox();
+  // A claimer's index that runs through the prunes (on the other connection).
+  const index = new ActiveIndex(fixture.peerKv, 5_000);
+  try {
+    await index.ready();
+    const keys = Array.from({ length: 20 }, (_, i) => `retired-${i}`);
+    await outbox.enqueueMany(keys.map(keyed));
+    const claims = await outbox.claimDue(100, old());
+    assert.equal(claims.length, keys.length);
+    for (const claim of claims) assert.equal(await outbox.markDispatched(claim, old()), true);
+    await index.sync();
+    assert.equal(index.keyStates().length, keys.length, "the index saw the keys' entries");
+    const future = new Date(Date.now() + 60_000);
+    assert.equal((await outbox.prune({ dispatchedBefore: future })).dispatched, keys.length);
+    await index.sync();
+    // A key entry removed without the index hearing of it stayed in its memory until a restart:
+    // one state per ordering key ever used, in every running relay.
+    assert.deepEqual(index.keyStates().map((state) => state.value.key), []);
+    // The next prune removes what the retirement left (its tombstones): a new claimer's watch
+    // does not replay the retired keys.
+    await outbox.prune({ dispatchedBefore: future });
+    const left: string[] = [];
+    const iterator = await fixture.kv.history({ key: `${keyEntryPrefix}.>` });
+    for await (const entry of iterator) left.push(`${entry.key} ${entry.operation}`);
+    assert.deepEqual(left, []);
+  } finally {
+    await index.close();
+  }
 });

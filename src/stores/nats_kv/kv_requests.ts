@@ -72,6 +72,9 @@ const ownMethods = [
 
 const empty = new Uint8Array(0);
 const kvOperationHeader = "KV-Operation";
+/** How many times `create` writes over a tombstone that vanished meanwhile before it gives up. */
+const tombstoneRounds = 3;
+
 /** JetStream API codes of a lost compare-and-set (`create` then looks for a tombstone). */
 const wrongLastSequence = [10071, 10164];
 /** JetStream API code of `STREAM.MSG.GET` for a subject without message. */
@@ -180,13 +183,27 @@ export class KvRequests {
       ) throw error;
     }
     if (!failed) return seq === notSent ? await this.#kv.create(key, value, markerTTL) : seq;
-    const entry = await this.get(key);
-    if (entry?.operation === "DEL" || entry?.operation === "PURGE") {
-      const previousSeq = entry.revision;
-      const seq = await this.#put(bucket, key, value, previousSeq, markerTTL);
-      return seq === notSent ? await bucket._put(key, value, { previousSeq }, markerTTL) : seq;
+    // A tombstone can vanish between the read and the write over it (prune deletes tombstones
+    // without writing anything): the write then loses although the key has no entry, and is
+    // tried again, from the start.
+    for (let round = 1;; round++) {
+      const entry = await this.get(key);
+      // No entry after a write that failed otherwise (a timeout): that failure stands, as the
+      // bucket's own create reports it.
+      if (entry === null ? !(firstError instanceof JetStreamApiError) : entry.operation === "PUT") {
+        throw firstError;
+      }
+      const previousSeq = entry?.revision ?? 0;
+      try {
+        const seq = await this.#put(bucket, key, value, previousSeq, markerTTL);
+        return seq === notSent ? await bucket._put(key, value, { previousSeq }, markerTTL) : seq;
+      } catch (error) {
+        if (
+          round === tombstoneRounds || !(error instanceof JetStreamApiError) ||
+          !wrongLastSequence.includes(error.code)
+        ) throw error;
+      }
     }
-    throw firstError;
   }
 
   /** `Bucket#_put`; `notSent` when the bucket's own call must run (nothing written). */

@@ -73,9 +73,10 @@ import { type ActiveEntry, ActiveIndex, type ActiveWork, type KeyState } from ".
 import { isTooLargeWrite, isWrongLastSequence, NatsKvOrderingKeyError } from "./errors.ts";
 import {
   decodeToken,
+  isKeyEntryKey,
   keyEntryKey,
-  keyEntryPrefix,
   markerKeyOf,
+  markerPrefix,
   outboxRecordKey,
   recordPrefix,
   tokenOf,
@@ -646,40 +647,61 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         options.onProgress?.({ ...result });
       }
     }
-    if (dispatchedBefore !== undefined && !options.dryRun) {
-      await this.#retireIdleKeys(dispatchedBefore, batchSize, remove);
+    if (!options.dryRun && (remove !== undefined || dispatchedBefore !== undefined)) {
+      await this.#sweepMarkers(dispatchedBefore, batchSize, remove);
     }
     return result;
   }
 
   /**
-   * Removes the entries of ordering keys idle since `cutoff`: an entry that names no head (its
+   * One scan of the markers' prefix (`q.>`: markers, key entries). With `cutoff`, retires the
+   * entries of ordering keys idle since then: an entry that names no head (its
    * last message was settled and handed over to nobody) whose settle time (`KeyEntry.t`, else
    * the entry's write time: every join and hand-over rewrites it) is before `cutoff`. Each
    * removal is conditional on the revision the scan read (as the records' removals are): a join
-   * that wrote the entry since keeps it; a join that lands after the removal finds no entry (its
-   * compare-and-set on the old revision fails), reads again and creates the head. The key's next
-   * message is then its first: no `keySequence` (published without the broker fence).
+   * that wrote the entry since keeps it; a join that lands after the removal finds a tombstone
+   * (its compare-and-set on the old revision fails), reads again and creates the head. The key's
+   * next message is then its first: no `keySequence` (published without the broker fence).
+   *
+   * The entry is deleted with a tombstone (a revision-checked KV delete), not removed outright:
+   * every running claimer's watch sees the tombstone and forgets the key (removed without one,
+   * the key stayed in the memory of every running index until it restarted: one state per key
+   * ever used). With `remove`, every tombstone the scan finds (the previous prune's retirements;
+   * a marker deleted after its record was pruned: a lost or late delete dropped by a claim) is
+   * removed without one, exactly the revision the scan saw, so a new claimer's watch does not
+   * replay them. Returns how many keys were retired.
    */
-  async #retireIdleKeys(
-    cutoff: string,
+  async #sweepMarkers(
+    cutoff: string | undefined,
     batchSize: number,
     remove: Remover | undefined,
   ): Promise<number> {
     const codec = await recordCodec();
     const idle: KvEntry[] = [];
-    await scanLatest(this.#kv, `${keyEntryPrefix}.>`, (entry) => {
-      if (entry.operation !== "PUT") return;
+    const tombstones: KvEntry[] = [];
+    await scanLatest(this.#kv, `${markerPrefix}.>`, (entry) => {
+      if (entry.operation !== "PUT") {
+        if (remove) tombstones.push(entry);
+        return;
+      }
+      if (cutoff === undefined || !isKeyEntryKey(entry.key)) return;
       const value = codec.decodeKeyEntry(entry.value);
       if (value === undefined || value.head !== undefined) return;
       if ((value.t ?? entry.created.toISOString()) < cutoff) idle.push(entry);
     });
+    for (let start = 0; start < tombstones.length; start += batchSize) {
+      await mapInFlight(
+        tombstones.slice(start, start + batchSize),
+        removalsInFlight,
+        (entry) => remove!(entry.key, entry.revision),
+      );
+    }
     let retired = 0;
     for (let start = 0; start < idle.length; start += batchSize) {
       const done = await mapInFlight(
         idle.slice(start, start + batchSize),
         removalsInFlight,
-        (entry) => removeIfUnchanged(this.#kv, remove, entry.key, entry.revision),
+        (entry) => removeIfUnchanged(this.#kv, undefined, entry.key, entry.revision),
       );
       retired += done.filter(Boolean).length;
     }

@@ -57,9 +57,10 @@ export type Remover = (key: string, revision: number) => Promise<boolean>;
  * Removes revision `revision` of a key without writing a tombstone, when the KV object is a
  * `Bucket` (it exposes its JetStream manager): a delete of exactly that stream message, so a later
  * revision is kept (a compare-and-delete). In a bucket that keeps history, the key's older
- * revisions are deleted first, so the key never shows an older value. Returns `false` when the
- * message is gone (changed, or removed by another prune), or `undefined` when the KV object offers
- * no such access.
+ * revisions are deleted first, so the key never shows an older value, and a later revision it
+ * still holds means the key changed. Returns `false` when the message is gone or the key changed
+ * (rewritten, or removed by another prune), or `undefined` when the KV object offers no such
+ * access.
  *
  * Never a stream purge filtered on the key's subject: on nats-server 2.9.10 (measured) such a
  * purge, and a KV purge (a rollup), moves every consumer whose filter covers that subject (a
@@ -89,15 +90,19 @@ export function rawRemover(kv: KV): Remover | undefined {
   };
   return async (key, revision) => {
     keepsHistory ??= kv.status().then((status) => status.history > 1);
+    let changed = false;
     if (await keepsHistory) {
       const older: number[] = [];
       const iterator = await kv.history({ key });
       for await (const entry of iterator) {
         if (entry.revision < revision) older.push(entry.revision);
+        else if (entry.revision > revision) changed = true;
       }
       for (const seq of older) await deleteStored(seq);
     }
-    return await deleteStored(revision);
+    // A later revision (kept by the history) is a change since the scan: the key stays.
+    const deleted = await deleteStored(revision);
+    return deleted && !changed;
   };
 }
 
