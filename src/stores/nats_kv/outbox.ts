@@ -1701,12 +1701,15 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         ? state.value
         : { v: 1, key, head: id, ...pick(state.value?.seq) };
       // With no entry (revision 0) after a write that lost, the entry was removed meanwhile (prune
-      // retired the key as idle): the message may have been settled by others first as well.
+      // retired the key as idle): the message may have been settled by others first as well. So
+      // too when the index knows no entry but saw a key retired since the marker (it forgets a
+      // retired key: the entry may be this key's tombstone, which a create writes over).
       if (
         value.head === id &&
         (state.revision > 0
           ? markerRevision === undefined || state.revision > markerRevision
-          : fresh || markerRevision === undefined)
+          : fresh || markerRevision === undefined ||
+            this.#index.lastKeyDeletion() > markerRevision)
       ) {
         const read = await this.#read(id);
         if (!read?.ok || read.record.state === "dispatched" || read.record.state === "dead") return;
