@@ -103,8 +103,6 @@ export class ActiveIndex {
   #starting: Promise<boolean> | undefined;
   #generation = 0;
   #lastRevision = 0;
-  /** The latest revision of a key entry's tombstone (a retired key) the index applied. */
-  #lastKeyDeletion = 0;
   #lastEventMs = 0;
   #serverTimeMs = 0;
   #live = false;
@@ -193,14 +191,6 @@ export class ActiveIndex {
   /** The last revision of the watched entries the index has applied (its position in the stream). */
   revision(): number {
     return this.#lastRevision;
-  }
-
-  /**
-   * The latest revision at which the index saw an ordering key's entry deleted (a key retired by
-   * prune; 0: none): a key it knows nothing about may have had an entry up to then.
-   */
-  lastKeyDeletion(): number {
-    return this.#lastKeyDeletion;
   }
 
   /** An ordering key's entry as of {@linkcode ActiveIndex.revision}, or `undefined`. */
@@ -485,9 +475,6 @@ export class ActiveIndex {
     const previousKey = this.#keyOfEntry.get(watched.key);
     if (!value) {
       // Deleted (or damaged, which no claim can trust): the key has no head the index knows.
-      if (watched.operation !== "PUT" && watched.revision > this.#lastKeyDeletion) {
-        this.#lastKeyDeletion = watched.revision;
-      }
       if (previousKey !== undefined) {
         this.#keyStates.delete(previousKey);
         this.#unmarked.delete(previousKey);
