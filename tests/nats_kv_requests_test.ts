@@ -635,3 +635,30 @@ Deno.test("kv requests: a create over a tombstone that prune removes between the
     assert.equal((await kv.get("k"))?.revision, revision);
   });
 });
+
+Deno.test("kv requests: on a bucket that is not pipelined, a create over a tombstone that prune removes between the read and the write still creates", async () => {
+  await withBucket(async (kv, _requests, nc) => {
+    await kv.put("k", "old");
+    await kv.delete("k");
+    // An instrumented bucket (its own get, as a wrapper installs one): the calls go to the
+    // bucket's own create, whose read of the tombstone is followed by prune's removal of it. The
+    // bucket's create then loses its write over the tombstone although the key has no entry.
+    const jsm = await jetstreamManager(nc);
+    const stream = (kv as unknown as { stream: string }).stream;
+    const read = kv.get.bind(kv);
+    let removed = 0;
+    kv.get = async (key: string) => {
+      const entry = await read(key);
+      if (entry?.operation === "DEL" && removed++ === 0) {
+        await jsm.streams.deleteMessage(stream, entry.revision, false);
+      }
+      return entry;
+    };
+    const requests = new KvRequests(kv);
+    assert.equal(requests.pipelined, false);
+    const revision = await requests.create("k", "new");
+    assert.equal(removed, 1, "the tombstone was removed inside the create");
+    assert.equal((await read("k"))?.string(), "new");
+    assert.equal((await read("k"))?.revision, revision);
+  });
+});

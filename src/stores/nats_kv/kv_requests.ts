@@ -130,8 +130,27 @@ export class KvRequests {
   /** `kv.create(key, value, markerTTL)`. */
   create(key: string, value: Uint8Array | string, markerTTL?: string): Promise<number> {
     const bucket = this.#bucket;
-    if (bucket === undefined) return this.#kv.create(key, value, markerTTL);
+    if (bucket === undefined) return this.#createOwn(key, value, markerTTL);
     return this.#create(bucket, key, value, markerTTL);
+  }
+
+  /**
+   * The KV's own `create`, tried again (up to {@linkcode tombstoneRounds} in all) when it loses
+   * its write while the key has no live entry: it writes over a tombstone it read, which prune
+   * can remove (without writing anything) before the write lands.
+   */
+  async #createOwn(key: string, value: Uint8Array | string, markerTTL?: string): Promise<number> {
+    for (let round = 1;; round++) {
+      try {
+        return await this.#kv.create(key, value, markerTTL);
+      } catch (error) {
+        if (
+          round === tombstoneRounds || !(error instanceof JetStreamApiError) ||
+          !wrongLastSequence.includes(error.code)
+        ) throw error;
+        if ((await this.#kv.get(key))?.operation === "PUT") throw error;
+      }
+    }
   }
 
   /** `kv.delete(key, options)`. */

@@ -1700,13 +1700,14 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       const value: KeyEntry = state.value?.head !== undefined
         ? state.value
         : { v: 1, key, head: id, ...pick(state.value?.seq) };
-      // With no entry (revision 0) after a write that lost, the entry was removed meanwhile (prune
-      // retired the key as idle): the message may have been settled by others first as well.
+      // With no entry known (revision 0), the key may have been retired since the marker (prune
+      // deletes an idle key's entry with a tombstone, which an index forgets and a create writes
+      // over, and later removes it): the message may have been settled by others meanwhile. An
+      // index that never ran (a producer that does not claim) cannot tell either. So the record
+      // is read before the key's first head is created: one read per key that starts.
       if (
         value.head === id &&
-        (state.revision > 0
-          ? markerRevision === undefined || state.revision > markerRevision
-          : fresh || markerRevision === undefined)
+        (state.revision === 0 || markerRevision === undefined || state.revision > markerRevision)
       ) {
         const read = await this.#read(id);
         if (!read?.ok || read.record.state === "dispatched" || read.record.state === "dead") return;
