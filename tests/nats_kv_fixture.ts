@@ -5,6 +5,7 @@
  * @module
  */
 
+import assert from "node:assert/strict";
 import type { KV, KvEntry } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
@@ -211,4 +212,25 @@ export async function twoInstancesOverKey(
   await a.enqueueMany(records);
   await b.blockedKeys(); // b's index knows d's marker
   return { a, b };
+}
+
+/**
+ * The race of the late-join tests, run inside the producer's enqueue of the key's second
+ * message: `dispatcher` dispatches its claim of the first message (handing the key over to the
+ * second), claims and dispatches the second (no next: the key has no head), and prunes
+ * everything dispatched a minute ago or earlier, retiring the idle key. The claims and marks are
+ * dated two minutes ago.
+ */
+export async function dispatchBothAndRetire(
+  dispatcher: NatsKvOutboxRepository,
+  claimOfFirst: OutboxMessage,
+  secondId: string,
+): Promise<void> {
+  const old = new Date(Date.now() - 120_000);
+  assert.equal(await dispatcher.markDispatched(claimOfFirst, old), true);
+  const [claim2] = await dispatcher.claimDue(10, old);
+  assert.equal(claim2?.id, secondId);
+  assert.equal(await dispatcher.markDispatched(claim2, old, undefined, { sequence: 3 }), true);
+  const cutoff = new Date(Date.now() - 60_000);
+  assert.equal((await dispatcher.prune({ dispatchedBefore: cutoff })).dispatched, 2);
 }

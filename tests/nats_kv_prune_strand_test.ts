@@ -16,6 +16,7 @@
 import assert from "node:assert/strict";
 import { AckPolicy, DeliverPolicy, jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
+import type { NatsKvOutboxRepository } from "../mod.ts";
 import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
 import { keyedRecord, uniqueKey } from "./conformance/records.ts";
 import { type KvFixture, openKvFixture, withoutStreamAccess } from "./nats_kv_fixture.ts";
@@ -73,27 +74,42 @@ async function markerOf(id: string): Promise<string> {
   return markerKeyOf(await outboxRecordKey(id));
 }
 
-Deno.test("nats kv prune strand: removing a dispatched message's record and marker tombstone does not move a lagging watch on the markers past markers written before", async () => {
-  await using fixture = await openKvFixture();
-  const outbox = fixture.outbox();
-  const done = keyedRecord("ps", undefined);
-  await outbox.enqueue(done);
+/**
+ * Dispatches one message on `outbox`, holds a consumer of `filter` (a watch or scan) behind,
+ * enqueues two more, and prunes the dispatched one: the held consumer must still deliver the
+ * two waiting messages' keys (`keyOf`) it had not delivered before the prune.
+ */
+async function pruneBehindLaggingConsumer(
+  fixture: KvFixture,
+  outbox: NatsKvOutboxRepository,
+  filter: string,
+  keyOf: (id: string) => Promise<string>,
+  consumer: string,
+  entry: string,
+): Promise<void> {
+  await outbox.enqueue(keyedRecord("ps", undefined));
   const [claim] = await outbox.claimDue(1, new Date());
-  assert.equal(await outbox.markDispatched(claim, new Date()), true); // its marker: a tombstone
-  const watch = await laggingWatch(fixture, "q.>");
+  assert.equal(await outbox.markDispatched(claim, new Date()), true);
+  const lagging = await laggingWatch(fixture, filter);
   const waiting = [keyedRecord("ps", undefined), keyedRecord("ps", undefined)];
   await outbox.enqueueMany(waiting);
-  const expected = await Promise.all(waiting.map((record) => markerOf(record.id)));
-  const before = await watch.pending();
+  const expected = await Promise.all(waiting.map((record) => keyOf(record.id)));
+  const before = await lagging.pending();
   assert.equal((await outbox.prune({ dispatchedBefore: future() })).dispatched, 1);
-  const after = await watch.pending();
-  const delivered = await watch.deliver(expected);
+  const after = await lagging.pending();
+  const delivered = await lagging.deliver(expected);
   for (const key of expected) {
     assert.ok(
       delivered.includes(key),
-      `the watch skipped a pending message's marker (pending ${before} before the prune, ${after} after)`,
+      `the ${consumer} skipped a pending message's ${entry} (pending ${before} before the prune, ${after} after)`,
     );
   }
+}
+
+Deno.test("nats kv prune strand: removing a dispatched message's record and marker tombstone does not move a lagging watch on the markers past markers written before", async () => {
+  await using fixture = await openKvFixture();
+  // The dispatched message's marker is a tombstone: prune removes it with the record.
+  await pruneBehindLaggingConsumer(fixture, fixture.outbox(), "q.>", markerOf, "watch", "marker");
 });
 
 for (const access of ["a Bucket", "a KV object without stream access"] as const) {
@@ -139,25 +155,14 @@ for (const access of ["a Bucket", "a KV object without stream access"] as const)
 
   Deno.test(`nats kv prune strand: removing a dispatched record does not move a lagging scan of the records past records written before (${access})`, async () => {
     await using fixture = await openKvFixture();
-    const outbox = open(fixture);
-    const done = keyedRecord("ps", undefined);
-    await outbox.enqueue(done);
-    const [claim] = await outbox.claimDue(1, new Date());
-    assert.equal(await outbox.markDispatched(claim, new Date()), true);
-    const scan = await laggingWatch(fixture, "m.>");
-    const waiting = [keyedRecord("ps", undefined), keyedRecord("ps", undefined)];
-    await outbox.enqueueMany(waiting);
-    const expected = await Promise.all(waiting.map((record) => outboxRecordKey(record.id)));
-    const before = await scan.pending();
-    assert.equal((await outbox.prune({ dispatchedBefore: future() })).dispatched, 1);
-    const after = await scan.pending();
-    const delivered = await scan.deliver(expected);
-    for (const key of expected) {
-      assert.ok(
-        delivered.includes(key),
-        `the scan skipped a pending message's record (pending ${before} before the prune, ${after} after)`,
-      );
-    }
+    await pruneBehindLaggingConsumer(
+      fixture,
+      open(fixture),
+      "m.>",
+      outboxRecordKey,
+      "scan",
+      "record",
+    );
   });
 }
 

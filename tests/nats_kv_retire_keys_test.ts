@@ -9,7 +9,7 @@ import type { OutboxRecord } from "../mod.ts";
 import { ActiveIndex } from "../src/stores/nats_kv/active_index.ts";
 import { keyEntryPrefix } from "../src/stores/nats_kv/keys.ts";
 import { keyedRecord } from "./conformance/records.ts";
-import { intercept, isKeyEntry, openKvFixture } from "./nats_kv_fixture.ts";
+import { dispatchBothAndRetire, intercept, isKeyEntry, openKvFixture } from "./nats_kv_fixture.ts";
 
 const keyed = (orderingKey: string): OutboxRecord => keyedRecord("rk", orderingKey);
 const old = () => new Date(Date.now() - 120_000);
@@ -65,14 +65,7 @@ Deno.test("nats kv retire keys: a join that lands after its message was settled 
   const kv = intercept(fixture.kv, "update", (update) => async (key, data, revision) => {
     if (isKeyEntry(key) && !raced) {
       raced = true;
-      assert.equal(await dispatcher.markDispatched(claim1, old()), true);
-      const [claim2] = await dispatcher.claimDue(10, old());
-      assert.equal(claim2?.id, m2.id);
-      assert.equal(
-        await dispatcher.markDispatched(claim2, old(), undefined, { sequence: 3 }),
-        true,
-      );
-      assert.equal((await dispatcher.prune({ dispatchedBefore: cutoff() })).dispatched, 2);
+      await dispatchBothAndRetire(dispatcher, claim1, m2.id);
     }
     return await update(key, data, revision);
   });

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import type { OutboxRecord } from "../mod.ts";
 import { keyEntryKey, markerPrefix } from "../src/stores/nats_kv/keys.ts";
 import { keyedRecord } from "./conformance/records.ts";
-import { intercept, isKeyEntry, openKvFixture } from "./nats_kv_fixture.ts";
+import { dispatchBothAndRetire, intercept, isKeyEntry, openKvFixture } from "./nats_kv_fixture.ts";
 
 const keyed = (orderingKey: string): OutboxRecord => keyedRecord("sr", orderingKey);
 const old = () => new Date(Date.now() - 120_000);
@@ -29,14 +29,7 @@ Deno.test("nats kv sweep review: a late join whose index already saw its key's r
     const seq = await create(key, data, ttl);
     if (key.startsWith(`${markerPrefix}.`) && !isKeyEntry(key) && !raced) {
       raced = true;
-      assert.equal(await dispatcher.markDispatched(claim1, old()), true);
-      const [claim2] = await dispatcher.claimDue(10, old());
-      assert.equal(claim2?.id, m2.id);
-      assert.equal(
-        await dispatcher.markDispatched(claim2, old(), undefined, { sequence: 3 }),
-        true,
-      );
-      assert.equal((await dispatcher.prune({ dispatchedBefore: cutoff() })).dispatched, 2);
+      await dispatchBothAndRetire(dispatcher, claim1, m2.id);
       await producer.blockedKeys(); // its index sees the tombstone
     }
     return seq;
@@ -72,14 +65,7 @@ Deno.test("nats kv sweep review: a late join of a producer that runs no index do
     const seq = await create(key, data, ttl);
     if (key.startsWith(`${markerPrefix}.`) && !isKeyEntry(key) && !raced) {
       raced = true;
-      assert.equal(await dispatcher.markDispatched(claim1, old()), true);
-      const [claim2] = await dispatcher.claimDue(10, old());
-      assert.equal(claim2?.id, m2.id);
-      assert.equal(
-        await dispatcher.markDispatched(claim2, old(), undefined, { sequence: 3 }),
-        true,
-      );
-      assert.equal((await dispatcher.prune({ dispatchedBefore: cutoff() })).dispatched, 2);
+      await dispatchBothAndRetire(dispatcher, claim1, m2.id);
     }
     return seq;
   });
