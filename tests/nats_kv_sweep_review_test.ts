@@ -12,7 +12,6 @@ import { dispatchBothAndRetire, intercept, isKeyEntry, openKvFixture } from "./n
 
 const keyed = (orderingKey: string): OutboxRecord => keyedRecord("sr", orderingKey);
 const old = () => new Date(Date.now() - 120_000);
-const cutoff = () => new Date(Date.now() - 60_000);
 
 Deno.test("nats kv sweep review: a late join whose index already saw its key's retirement tombstone does not name its settled message head", async () => {
   await using fixture = await openKvFixture();
