@@ -144,10 +144,7 @@ export class KvRequests {
       try {
         return await this.#kv.create(key, value, markerTTL);
       } catch (error) {
-        if (
-          round === tombstoneRounds || !(error instanceof JetStreamApiError) ||
-          !wrongLastSequence.includes(error.code)
-        ) throw error;
+        if (round === tombstoneRounds || !lostCreate(error)) throw error;
         if ((await this.#kv.get(key))?.operation === "PUT") throw error;
       }
     }
@@ -217,10 +214,7 @@ export class KvRequests {
         const seq = await this.#put(bucket, key, value, previousSeq, markerTTL);
         return seq === notSent ? await bucket._put(key, value, { previousSeq }, markerTTL) : seq;
       } catch (error) {
-        if (
-          round === tombstoneRounds || !(error instanceof JetStreamApiError) ||
-          !wrongLastSequence.includes(error.code)
-        ) throw error;
+        if (round === tombstoneRounds || !lostCreate(error)) throw error;
       }
     }
   }
@@ -492,4 +486,9 @@ function isConnection(nc: unknown): nc is ReplyMuxConnection {
 
 function isNoResponders(msg: Msg): boolean {
   return msg.data.length === 0 && msg.headers?.code === 503;
+}
+
+/** A create that lost its compare-and-set (the key had an entry, or the tombstone it read moved). */
+function lostCreate(error: unknown): boolean {
+  return error instanceof JetStreamApiError && wrongLastSequence.includes(error.code);
 }

@@ -530,7 +530,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * ```
    */
   outcomeRoomBytes(message: OutboxMessage): number | undefined {
-    const maxPayload = this.#entryLimit();
+    const maxPayload = this.#entryLimit()?.bytes;
     if (maxPayload === undefined) return undefined;
     const cached = this.#claims.get(message.id);
     const own = cached !== undefined && cached.record.claimToken === message.claimToken &&
@@ -1099,10 +1099,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     };
     const bytes = encodeJson(stored);
     const limit = this.#entryLimit();
-    if (limit !== undefined && bytes.length + updateHeadroomBytes > limit) {
+    if (limit !== undefined && bytes.length + updateHeadroomBytes > limit.bytes) {
       throw new OutboxValidationError(
         "payload",
-        `Outbox record '${record.id}' is ${bytes.length} bytes as a NATS KV entry; it must stay ${updateHeadroomBytes} bytes below the ${this.#entryLimitName()} (${limit}) so claims and marks can rewrite it`,
+        `Outbox record '${record.id}' is ${bytes.length} bytes as a NATS KV entry; it must stay ${updateHeadroomBytes} bytes below the ${limit.name} (${limit.bytes}) so claims and marks can rewrite it`,
       );
     }
     return { stored, bytes };
@@ -1362,31 +1362,26 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    */
   #outcomeRefusal(next: StoredOutboxRecord, bytes: number): string | undefined {
     const limit = this.#entryLimit();
-    if (limit === undefined || bytes + writeHeadersBytes <= limit) return undefined;
+    if (limit === undefined || bytes + writeHeadersBytes <= limit.bytes) return undefined;
     const outcomeBytes = new TextEncoder().encode(JSON.stringify(next.outcome)).length;
-    const room = Math.max(0, limit - writeHeadersBytes - (bytes - outcomeBytes));
-    return `${outcomeRefusedPrefix}Outbox outcome is ${outcomeBytes} bytes of JSON, more than the ${room} bytes its NATS KV record has room for below the ${this.#entryLimitName()} (${limit})`;
+    const room = Math.max(0, limit.bytes - writeHeadersBytes - (bytes - outcomeBytes));
+    return `${outcomeRefusedPrefix}Outbox outcome is ${outcomeBytes} bytes of JSON, more than the ${room} bytes its NATS KV record has room for below the ${limit.name} (${limit.bytes})`;
   }
 
   /**
    * The largest entry this bucket takes: the server's max_payload, or the bucket's own
-   * `max_msg_size` (its `maxValueSize`) when that is lower and has been read; `undefined` when
-   * neither is known.
+   * `max_msg_size` (its `maxValueSize`) when that is lower and has been read, with its name for
+   * error texts; `undefined` when neither is known.
    */
-  #entryLimit(): number | undefined {
+  #entryLimit(): { bytes: number; name: string } | undefined {
     const maxPayload = serverMaxPayload(this.#kv);
     const bucket = this.#bucketMaxValue || undefined;
-    if (maxPayload === undefined) return bucket;
-    return bucket !== undefined && bucket < maxPayload ? bucket : maxPayload;
-  }
-
-  /** What {@linkcode #entryLimit} is, for error texts. */
-  #entryLimitName(): string {
-    const maxPayload = serverMaxPayload(this.#kv);
-    const bucket = this.#bucketMaxValue || undefined;
-    return bucket !== undefined && (maxPayload === undefined || bucket < maxPayload)
-      ? "bucket's max_msg_size"
-      : "server's max_payload";
+    if (bucket !== undefined && (maxPayload === undefined || bucket < maxPayload)) {
+      return { bytes: bucket, name: "bucket's max_msg_size" };
+    }
+    return maxPayload === undefined
+      ? undefined
+      : { bytes: maxPayload, name: "server's max_payload" };
   }
 
   /**
