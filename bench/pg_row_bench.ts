@@ -20,7 +20,7 @@
  * `hot+delete`.
  *
  * Run: `OUTBOX_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test deno run -A
- * bench/pg_row_bench.ts [--n=50000] [--limit=256] [--only=lib,base,...]` as a user that can read
+ * bench/pg_row_bench.ts [--private] [--n=50000] [--limit=256] [--rounds=3] [--only=lib,base,hot*]` as a user that can read
  * the server's pg_wal (root, or the postgres user); without it WAL is taken from the global LSN
  * difference (includes other sessions).
  *
@@ -33,6 +33,7 @@ import type { OutboxRecord } from "../mod.ts";
 import { outboxStatements } from "../src/stores/sql/dialects.ts";
 import { resolveSqlOutboxTables } from "../src/stores/sql/tables.ts";
 import { payload } from "./support/records.ts";
+import { PostgresServer } from "../tests/kit/mod.ts";
 
 const args = new Map(
   Deno.args.filter((a) => a.startsWith("--")).map((a) => {
@@ -44,10 +45,18 @@ const n = Number(args.get("n") ?? 50_000);
 const defaultLimit = Number(args.get("limit") ?? 256);
 const only = args.get("only")?.split(",");
 const rounds = Number(args.get("rounds") ?? 1);
+const depth = Number(args.get("depth") ?? 1);
 const pgBin = "/usr/lib/postgresql/15/bin";
 
-const serverUrl = Deno.env.get("OUTBOX_TEST_POSTGRES_URL") ??
-  "postgres://postgres@127.0.0.1:5432/test";
+// --private: a private cluster with the bench's settings (the kit's: fsync, synchronous_commit
+// and full_page_writes off); otherwise the server of OUTBOX_TEST_POSTGRES_URL (its pg_wal is
+// looked for at the Debian path).
+const privateServer = args.has("private") ? await PostgresServer.start({ fast: true }) : undefined;
+const serverUrl = privateServer?.urlFor("postgres") ??
+  Deno.env.get("OUTBOX_TEST_POSTGRES_URL") ?? "postgres://postgres@127.0.0.1:5432/test";
+const walDir = privateServer
+  ? `${privateServer.dataDir}/pg_wal`
+  : "/var/lib/postgresql/15/main/pg_wal";
 const dbName = `outbox_bench_rowprobe_${Date.now().toString(36)}`;
 const admin = postgres(serverUrl, { max: 1, onnotice: () => {} });
 await admin.unsafe(`CREATE DATABASE ${dbName}`);
@@ -72,6 +81,8 @@ interface Variant {
   name: string;
   /** Claim batch size, when not `--limit`. */
   batch?: number;
+  /** `plan_cache_mode` for the loop (default: Postgres's `auto`). */
+  planMode?: "force_generic_plan" | "force_custom_plan";
   setup?: (c: Ctx) => string[];
   claim?: (c: Ctx, batch: number) => Promise<Claimed[]>;
   mark?: (c: Ctx, claimed: Claimed[]) => Promise<number>;
@@ -200,7 +211,7 @@ function wideDeleteMark(claimedState: string) {
     if (claimed.length === 0) return 0;
     const o = c.o;
     const rows = await executor.query(
-      `WITH d AS (DELETE FROM ${o} AS t WHERE t.id = ANY(ARRAY(SELECT jsonb_object_keys($1::text::jsonb))) AND t.state || '' = '${claimedState}' AND t.claim_token = (SELECT $1::text::jsonb) -> t.id ->> 1 AND t.attempts = ((SELECT $1::text::jsonb) -> t.id ->> 0)::int AND t.ordering_key IS NULL RETURNING t.*) INSERT INTO ${o}_done SELECT * FROM d RETURNING id`,
+      `WITH d AS (DELETE FROM ${o} AS t WHERE t.id = ANY(ARRAY(SELECT jsonb_object_keys($1::text::jsonb))) AND t.state || '' = '${claimedState}' AND t.claim_token = (SELECT $1::text::jsonb) -> t.id ->> 1 AND t.attempts = ((SELECT $1::text::jsonb) -> t.id ->> 0)::int AND t.ordering_key IS NULL RETURNING t.*) INSERT INTO ${o}_done (id, kind, name, subject, payload, headers, state, attempts, created_at, updated_at, next_attempt_at, last_error, outcome, seq, claim_token, ordering_key, key_head) SELECT id, kind, name, subject, payload, headers, 'dispatched', attempts, created_at, $2::timestamptz, NULL, NULL, outcome, seq, claim_token, ordering_key, key_head FROM d RETURNING id`,
       [fenced(claimed), new Date().toISOString()],
     );
     return rows.length;
@@ -225,6 +236,25 @@ const variants: Variant[] = [
   })),
   { name: "base L64", batch: 64, claim: baseClaim, mark: baseMark },
   { name: "base L16", batch: 16, claim: baseClaim, mark: baseMark },
+  {
+    name: "base generic",
+    planMode: "force_generic_plan",
+    claim: baseClaim,
+    mark: baseMark,
+  },
+  {
+    name: "base custom",
+    planMode: "force_custom_plan",
+    claim: baseClaim,
+    mark: baseMark,
+  },
+  {
+    name: "base L16 generic",
+    batch: 16,
+    planMode: "force_generic_plan",
+    claim: baseClaim,
+    mark: baseMark,
+  },
   {
     name: "drop:key indexes",
     setup: (c) => keyIndexes.map((ix) => `DROP INDEX ${c.o}_${ix}`),
@@ -288,10 +318,39 @@ async function backendCpuUs(pid: number): Promise<number> {
   return (Number(fields[11]) + Number(fields[12])) * 10_000; // 100 ticks/s
 }
 
+/** CPU µs of the private server's process tree (postmaster, children, reaped children). */
+function treeCpuUs(): number {
+  const root = privateServer?.pid;
+  if (!root) return NaN;
+  const stat = (pid: number) => {
+    try {
+      const text = Deno.readTextFileSync(`/proc/${pid}/stat`);
+      const f = text.slice(text.lastIndexOf(")") + 2).split(" ");
+      return {
+        ppid: Number(f[1]),
+        own: Number(f[11]) + Number(f[12]),
+        kids: Number(f[13]) + Number(f[14]),
+      };
+    } catch {
+      return undefined;
+    }
+  };
+  const top = stat(root);
+  if (!top) return NaN;
+  let ticks = top.own + top.kids;
+  for (const entry of Deno.readDirSync("/proc")) {
+    const pid = Number(entry.name);
+    if (!Number.isInteger(pid) || pid === root) continue;
+    const child = stat(pid);
+    if (child?.ppid === root) ticks += child.own;
+  }
+  return ticks * 10_000;
+}
+
 async function walOfDb(from: string, to: string, dbOid: number): Promise<[number, number]> {
   try {
     const out = await new Deno.Command(`${pgBin}/pg_waldump`, {
-      args: ["-p", "/var/lib/postgresql/15/main/pg_wal", "-s", from, "-e", to],
+      args: ["-p", walDir, "-s", from, "-e", to],
       stdout: "piped",
       stderr: "null",
     }).output();
@@ -338,17 +397,19 @@ const [{ oid: dbOid }] = await sql.unsafe(
   "SELECT oid::int AS oid FROM pg_database WHERE datname = current_database()",
 );
 console.log(
-  `n=${n} limit=${defaultLimit} backend pid=${pid} db=${dbName}; ${
+  `n=${n} limit=${defaultLimit} depth=${depth} backend pid=${pid} db=${dbName}; ${
     new TextDecoder().decode((await new Deno.Command("uptime").output()).stdout).trim()
   }`,
 );
 console.log(
   "| variant | loop CPU µs/msg | vacuum CPU µs/msg | WAL B/msg (own db) | FPI/msg | global WAL B/msg | HOT % | msgs | wall s |",
 );
-console.log("|---|---|---|---|---|---|---|---|---|");
+console.log("|---|---|---|---|---|---|---|---|---|---|");
 
 interface Result {
+  heap: number;
   enq: number;
+  tree: number;
   cpu: number;
   vac: number;
   wal: number;
@@ -360,7 +421,12 @@ let index = 0;
 try {
   for (let round = 0; round < rounds; round++) {
     for (const v of variants) {
-      if (only && !only.some((name) => v.name === name || v.name.startsWith(name))) continue;
+      if (
+        only &&
+        !only.some((name) =>
+          v.name === name || (name.endsWith("*") && v.name.startsWith(name.slice(0, -1)))
+        )
+      ) continue;
       const o = `v${index++}_outbox`;
       const tables = { outbox: o, inbox: o.replace("outbox", "inbox") };
       await migrate(executor, { dialect: "postgres", tables });
@@ -376,15 +442,21 @@ try {
         );
       }
       const enq1 = await backendCpuUs(pid);
+      const [{ heap }] = await sql.unsafe(
+        `SELECT pg_relation_size('${o}')::float8 / 1048576 AS heap`,
+      );
       await sql.unsafe(`VACUUM ANALYZE ${o}`);
       for (const t of [`${o}_leases`, `${o}_done`]) {
         await sql.unsafe(
           `DO $$BEGIN IF to_regclass('${t}') IS NOT NULL THEN EXECUTE 'ANALYZE ${t}'; END IF; END$$`,
         );
       }
+      // Each variant's statements are new texts, so new prepared statements planned now.
+      await sql.unsafe(`SET plan_cache_mode = ${v.planMode ?? "auto"}`);
       const before = await tableStats(o);
       const [{ lsn: lsn0 }] = await sql.unsafe("SELECT pg_current_wal_insert_lsn()::text AS lsn");
       const cpu0 = await backendCpuUs(pid);
+      const tree0 = treeCpuUs();
       const t0 = performance.now();
       const limit = v.batch ?? defaultLimit;
       let done = 0;
@@ -395,12 +467,15 @@ try {
           done += k;
         }
       } else if (v.claim && v.mark) {
-        let prev = await v.claim(c, limit);
+        // `--depth` batches stay claimed (leased) while the next is claimed: a relay's window.
+        const window: Claimed[][] = [];
+        for (let k = 0; k < depth; k++) window.push(await v.claim(c, limit));
         while (true) {
           const next = await v.claim(c, limit);
-          done += await v.mark(c, prev);
-          if (prev.length === 0 && next.length === 0) break;
-          prev = next;
+          const oldest = window.shift()!;
+          done += await v.mark(c, oldest);
+          window.push(next);
+          if (window.every((batch) => batch.length === 0)) break;
         }
       } else {
         // lib: the repository's own claimDue and markMany, unkeyed dispatched marks with tokens.
@@ -423,10 +498,12 @@ try {
       }
       const wall = (performance.now() - t0) / 1000;
       const cpu1 = await backendCpuUs(pid);
+      const tree1 = treeCpuUs();
       const [{ lsn: lsn1, diff }] = await sql.unsafe(
         "SELECT pg_current_wal_insert_lsn()::text AS lsn, pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::float8 AS diff",
         [lsn0],
       );
+      await sql.unsafe("RESET plan_cache_mode");
       const after = await tableStats(o);
       const [walBytes, fpi] = await walOfDb(lsn0, lsn1, dbOid);
       const vac0 = await backendCpuUs(pid);
@@ -448,8 +525,10 @@ try {
       );
       const list = results.get(v.name) ?? [];
       list.push({
+        heap: heap,
         enq: (enq1 - enq0) / n,
         cpu: (cpu1 - cpu0) / done,
+        tree: (tree1 - tree0) / done,
         vac: (vac1 - vac0) / done,
         wal: walBytes / done,
         fpi: fpi / done,
@@ -468,9 +547,9 @@ try {
   const base = results.get("base") ?? results.get("lib");
   console.log(`\nmedians over ${rounds} round(s), (min-max):`);
   console.log(
-    "| variant | loop CPU µs/msg | vs base | loop+vacuum µs/msg | WAL B/msg | FPI/msg | HOT % | enqueue µs/msg |",
+    "| variant | loop CPU µs/msg | vs base | loop+vacuum µs/msg | server tree µs/msg | WAL B/msg | FPI/msg | HOT % | enqueue µs/msg | heap MB after enqueue |",
   );
-  console.log("|---|---|---|---|---|---|---|---|");
+  console.log("|---|---|---|---|---|---|---|---|---|---|");
   for (const [name, list] of results) {
     const cpu = list.map((r) => r.cpu);
     const total = list.map((r) => r.cpu + r.vac);
@@ -479,12 +558,17 @@ try {
       : "-";
     console.log(
       `| ${name} | ${range(cpu)} | ${rel} | ${range(total)} | ${
-        median(list.map((r) => r.wal)).toFixed(0)
-      } | ${list.map((r) => r.hot).join("/")} |`,
+        median(list.map((r) => r.tree)).toFixed(1)
+      } | ${median(list.map((r) => r.wal)).toFixed(0)} | ${
+        median(list.map((r) => r.fpi)).toFixed(3)
+      } | ${list.map((r) => r.hot).join("/")} | ${median(list.map((r) => r.enq)).toFixed(1)} | ${
+        median(list.map((r) => r.heap)).toFixed(1)
+      } |`,
     );
   }
 } finally {
   await sql.end();
   await admin.unsafe(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`);
   await admin.end();
+  await privateServer?.stop();
 }
