@@ -50,6 +50,7 @@ import {
 import { NatsCluster, uniqueName } from "../tests/kit/mod.ts";
 import { createBenchDatabase } from "./support/postgres.ts";
 import { postgresCpu } from "./support/postgres_cpu.ts";
+import type { PoolPlans, SizeSummary } from "./support/batch_sizes.ts";
 import { records } from "./support/records.ts";
 import { benchServers } from "./support/servers.ts";
 import { referenceSchema, referenceSeed } from "./support/reference.ts";
@@ -648,6 +649,45 @@ async function main(): Promise<void> {
       ? "-"
       : (r.serverCpuSeconds * 1e6 / r.messages).toFixed(1);
   const fmt = (n: number) => Math.round(n).toLocaleString("en");
+  /** A dispatcher scenario's claim and mark sizes and, on Postgres, how its statements were planned. */
+  const batchLines = (r: ScenarioResult): string[] => {
+    const lines: string[] = [];
+    const sizes = (s: SizeSummary) =>
+      `${s.calls} calls, ${s.total} total, min ${s.min} p50 ${s.p50} max ${s.max} (size:count ${s.common})`;
+    if (r.claimSizes) lines.push(`claimDue sizes: ${sizes(r.claimSizes as SizeSummary)}`);
+    if (r.markSizes) lines.push(`markMany sizes: ${sizes(r.markSizes as SizeSummary)}`);
+    const pool = r.plans as PoolPlans | undefined;
+    const plans = pool?.statements;
+    if (pool?.backendCpuSeconds !== undefined) {
+      lines.push(
+        `the relay's ${
+          new Set(plans?.map((p) => p.connection)).size
+        } backends (their whole life, connecting included): ${
+          (pool.backendCpuSeconds * 1e6 / r.messages).toFixed(1)
+        } µs CPU/msg`,
+      );
+    }
+    if (plans && plans.length > 0) {
+      const executions = plans.reduce((sum, p) => sum + p.generic + p.custom, 0);
+      lines.push(
+        `prepared statements: ${plans.length} on ${
+          new Set(plans.map((p) => p.connection)).size
+        } connections, ${executions} executions (${
+          (executions / r.messages).toFixed(4)
+        } per message), ${plans.reduce((sum, p) => sum + p.custom, 0)} custom plans, ${
+          plans.reduce((sum, p) => sum + p.generic, 0)
+        } generic`,
+      );
+      for (const p of plans) {
+        if (p.generic + p.custom > 1) {
+          lines.push(
+            `  conn ${p.connection}: custom ${p.custom} generic ${p.generic}: ${p.statement}`,
+          );
+        }
+      }
+    }
+    return lines;
+  };
   const ratio = (
     n: number | undefined,
   ) => (n === undefined || !Number.isFinite(n) ? "-" : `${n.toFixed(2)}x`);
@@ -769,6 +809,7 @@ async function main(): Promise<void> {
               : ` (Postgres ${serverCpuPerMessage(result)} µs/msg)`
           }, peak RSS ${mb(result.peakRss)} MB (load ${loadAverage()})`,
         );
+        for (const line of batchLines(result)) console.error(`  ${line}`);
         results.set(scenario.id, [...(results.get(scenario.id) ?? []), result]);
       }
     }
