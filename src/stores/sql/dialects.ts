@@ -47,12 +47,6 @@ export interface OutboxStatements {
    * `stale_heads` (run `staleHeads` after it).
    */
   claim: string;
-  /**
-   * Postgres: `claim` with its limit written into the text where {@linkcode claimLimitMark}
-   * stands (claim_limits.ts), so Postgres keeps a generic plan of it; $1 now, $2 lease expiry,
-   * $3 claim token. SQLite: "" (it plans each prepared statement itself).
-   */
-  claimLimited: string;
   /** no parameters: `stale` is true when some dispatched head still has to hand over */
   staleHeads: string;
   /**
@@ -134,9 +128,6 @@ export interface OutboxStatements {
   /** $1 cutoff, $2 batch size; resolves as `prune` */
   inboxPrune: string;
 }
-
-/** Where `claimLimited` takes its limit (never sent as is: claim_limits.ts replaces it). */
-export const claimLimitMark = "/* limit */";
 
 const cache = new Map<string, OutboxStatements>();
 
@@ -297,10 +288,6 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
   const keySequence =
     `(SELECT k.stream_seq FROM ${keys} AS k WHERE k.ordering_key = t.ordering_key)`;
 
-  // The claim, its limit and token parameter given (see claim and claimLimited above).
-  const claim = (limit: string, token: string) =>
-    `UPDATE ${o} AS t SET state = 'claimed', attempts = t.attempts + 1, updated_at = $1::timestamptz, next_attempt_at = $2::timestamptz, claim_token = ${token} WHERE t.id = ANY(ARRAY(WITH p AS (SELECT id, seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT ${limit} FOR NO KEY UPDATE SKIP LOCKED), r AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= $1::timestamptz ORDER BY next_attempt_at LIMIT ${limit} FOR NO KEY UPDATE SKIP LOCKED), u AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL ORDER BY next_attempt_at DESC LIMIT ${limit} FOR NO KEY UPDATE SKIP LOCKED) SELECT c.id FROM (SELECT id, seq FROM p UNION ALL SELECT id, seq FROM r UNION ALL SELECT id, seq FROM u) AS c ORDER BY c.seq LIMIT ${limit})) RETURNING ${columns}, ${stale} AS stale_heads, ${keySequence} AS key_sequence`;
-
   return {
     insertOne: withNotify(
       head,
@@ -328,8 +315,8 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     // (backwards, NULLs first) instead of a sequential scan that column statistics can favour.
     // FOR NO KEY UPDATE: an enqueue holding its key's head FOR KEY SHARE never hides the head
     // from a claim.
-    claim: claim("$3::int", "$4"),
-    claimLimited: claim(claimLimitMark, "$3"),
+    claim:
+      `UPDATE ${o} AS t SET state = 'claimed', attempts = t.attempts + 1, updated_at = $1::timestamptz, next_attempt_at = $2::timestamptz, claim_token = $4 WHERE t.id = ANY(ARRAY(WITH p AS (SELECT id, seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED), r AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= $1::timestamptz ORDER BY next_attempt_at LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED), u AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL ORDER BY next_attempt_at DESC LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED) SELECT c.id FROM (SELECT id, seq FROM p UNION ALL SELECT id, seq FROM r UNION ALL SELECT id, seq FROM u) AS c ORDER BY c.seq LIMIT $3::int)) RETURNING ${columns}, ${stale} AS stale_heads, ${keySequence} AS key_sequence`,
     staleHeads: `SELECT ${stale} AS stale`,
     keySequences: [],
     markManyRecordingKeys: "", // built from markMany by outboxStatements
@@ -495,7 +482,6 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
     // literally. RETURNING runs its subqueries once per returned row: the key sequence is
     // looked up only for keyed rows (CASE), and whether hand-overs are due is asked once, by
     // `staleHeads` after the claim, instead of in every row.
-    claimLimited: "",
     claim:
       `UPDATE ${o} SET state = 'claimed', attempts = attempts + 1, updated_at = ?1, next_attempt_at = ?2, claim_token = ?4 WHERE seq IN (SELECT seq FROM (SELECT seq FROM (SELECT seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL LIMIT ?3)) ORDER BY seq LIMIT ?3) RETURNING ${
         sqliteClaimColumns.join(", ")

@@ -51,7 +51,6 @@ import {
 } from "../../core/validate.ts";
 import { type ClaimWrite, decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
 import { type OutboxStatements, outboxStatements, sqliteClaimColumns } from "./dialects.ts";
-import { claimStatement } from "./claim_limits.ts";
 import { PlannedStatements } from "./plan_generations.ts";
 import { pruneBatch } from "./prune_batches.ts";
 import { retireIdleKeys, retireKeyStatements } from "./retire_keys.ts";
@@ -284,8 +283,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     const nowIso = checkedDate(now, "now");
     const lease = addMs(now, leaseMs).toISOString();
     const token = newClaimToken();
-    const claim = claimStatement(this.#sql, max, nowIso, lease, token);
-    let rows = await this.executor.query(claim.text, claim.params);
+    let rows = await this.executor.query(this.#sql.claim, [nowIso, lease, max, token]);
     // SQLite's claim returns only the columns it did not write (dialects.ts).
     const sqlite = this.dialect === "sqlite";
     if (rows.length > 0) checkColumns(rows[0], sqlite ? sqliteClaimColumns : claimColumns);
@@ -299,8 +297,9 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       try {
         const { promoted } = await this.#handOver(null);
         if (promoted > 0 && rows.length < max) {
-          const more = claimStatement(this.#sql, max - rows.length, nowIso, lease, token);
-          rows = rows.concat(await this.executor.query(more.text, more.params));
+          rows = rows.concat(
+            await this.executor.query(this.#sql.claim, [nowIso, lease, max - rows.length, token]),
+          );
         }
       } catch (error) {
         // The claimed rows are this caller's now: return them; a later claim hands over.
