@@ -15,7 +15,8 @@
  * (runs per wake-up mode, alternating which runs first), `--rss-count=100000`,
  * `--no-async-traces` (nats.js connections with `noAsyncTraces: true`), `--publisher=pipeline|
  * js.publish` (the runtime's publisher in the dispatcher scenarios), `--limit` and
- * `--max-in-flight` (dispatcher options). BENCH_CHILD_FLAGS passes `deno run` flags to every
+ * `--max-in-flight` (dispatcher options), `--pg-connections=4` (the Postgres relay's pool size;
+ * a baseline checkout without this option keeps 4). BENCH_CHILD_FLAGS passes `deno run` flags to every
  * scenario process (for example `--cpu-prof --cpu-prof-dir=.tmp/prof`).
  *
  * R3 vs R1: when a `-r1`/`-r3` scenario is wanted, a private 3-node JetStream cluster
@@ -77,6 +78,7 @@ const { values: args } = parseArgs({
     publisher: { type: "string" },
     limit: { type: "string" },
     "max-in-flight": { type: "string" },
+    "pg-connections": { type: "string" },
     baseline: { type: "string" },
   },
 });
@@ -92,6 +94,10 @@ const publisher = args.publisher;
 const dispatcherOptions = {
   limit: args.limit === undefined ? undefined : Number(args.limit),
   maxInFlight: args["max-in-flight"] === undefined ? undefined : Number(args["max-in-flight"]),
+  /** The Postgres relay's pool size (postgres.js `max`; 4 when not given). */
+  postgresConnections: args["pg-connections"] === undefined
+    ? undefined
+    : Number(args["pg-connections"]),
 };
 const only = args.only ? new Set(args.only.split(",")) : undefined;
 /**

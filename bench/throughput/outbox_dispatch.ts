@@ -57,6 +57,8 @@ export interface OutboxDispatchConfig {
   tag?: string;
   limit?: number;
   maxInFlight?: number;
+  /** Postgres: the relay's pool size (postgres.js `max`). @default {4} */
+  postgresConnections?: number;
   /** Sample RSS every 50 ms while dispatching. */
   sampleRss?: boolean;
 }
@@ -70,9 +72,10 @@ if (import.meta.main) {
   let statementPlans: (() => Promise<PoolPlans>) | undefined;
   switch (config.store) {
     case "postgres": {
-      const sql = postgres(config.postgresUrl!, { max: 4, onnotice: () => {} });
+      const max = config.postgresConnections ?? 4;
+      const sql = postgres(config.postgresUrl!, { max, onnotice: () => {} });
       outbox = new SqlOutboxRepository(postgresJsExecutor(sql), "postgres", config.tables);
-      statementPlans = () => preparedStatementPlans(sql, 4);
+      statementPlans = () => preparedStatementPlans(sql, max);
       close = () => sql.end();
       break;
     }
