@@ -15,7 +15,8 @@
  * (runs per wake-up mode, alternating which runs first), `--rss-count=100000`,
  * `--no-async-traces` (nats.js connections with `noAsyncTraces: true`), `--publisher=pipeline|
  * js.publish` (the runtime's publisher in the dispatcher scenarios), `--limit` and
- * `--max-in-flight` (dispatcher options). BENCH_CHILD_FLAGS passes `deno run` flags to every
+ * `--max-in-flight` (dispatcher options), `--pg-connections=4` (the Postgres relay's pool size;
+ * a baseline checkout without this option keeps 4). BENCH_CHILD_FLAGS passes `deno run` flags to every
  * scenario process (for example `--cpu-prof --cpu-prof-dir=.tmp/prof`).
  *
  * R3 vs R1: when a `-r1`/`-r3` scenario is wanted, a private 3-node JetStream cluster
@@ -50,6 +51,7 @@ import {
 import { NatsCluster, uniqueName } from "../tests/kit/mod.ts";
 import { createBenchDatabase } from "./support/postgres.ts";
 import { postgresCpu } from "./support/postgres_cpu.ts";
+import type { PoolPlans, SizeSummary } from "./support/batch_sizes.ts";
 import { records } from "./support/records.ts";
 import { benchServers } from "./support/servers.ts";
 import { referenceSchema, referenceSeed } from "./support/reference.ts";
@@ -76,6 +78,7 @@ const { values: args } = parseArgs({
     publisher: { type: "string" },
     limit: { type: "string" },
     "max-in-flight": { type: "string" },
+    "pg-connections": { type: "string" },
     baseline: { type: "string" },
   },
 });
@@ -91,6 +94,10 @@ const publisher = args.publisher;
 const dispatcherOptions = {
   limit: args.limit === undefined ? undefined : Number(args.limit),
   maxInFlight: args["max-in-flight"] === undefined ? undefined : Number(args["max-in-flight"]),
+  /** The Postgres relay's pool size (postgres.js `max`; 4 when not given). */
+  postgresConnections: args["pg-connections"] === undefined
+    ? undefined
+    : Number(args["pg-connections"]),
 };
 const only = args.only ? new Set(args.only.split(",")) : undefined;
 /**
@@ -648,6 +655,45 @@ async function main(): Promise<void> {
       ? "-"
       : (r.serverCpuSeconds * 1e6 / r.messages).toFixed(1);
   const fmt = (n: number) => Math.round(n).toLocaleString("en");
+  /** A dispatcher scenario's claim and mark sizes and, on Postgres, how its statements were planned. */
+  const batchLines = (r: ScenarioResult): string[] => {
+    const lines: string[] = [];
+    const sizes = (s: SizeSummary) =>
+      `${s.calls} calls, ${s.total} total, min ${s.min} p50 ${s.p50} max ${s.max} (size:count ${s.common})`;
+    if (r.claimSizes) lines.push(`claimDue sizes: ${sizes(r.claimSizes as SizeSummary)}`);
+    if (r.markSizes) lines.push(`markMany sizes: ${sizes(r.markSizes as SizeSummary)}`);
+    const pool = r.plans as PoolPlans | undefined;
+    const plans = pool?.statements;
+    if (pool?.backendCpuSeconds !== undefined) {
+      lines.push(
+        `the relay's ${
+          new Set(plans?.map((p) => p.connection)).size
+        } backends (their whole life, connecting included): ${
+          (pool.backendCpuSeconds * 1e6 / r.messages).toFixed(1)
+        } µs CPU/msg`,
+      );
+    }
+    if (plans && plans.length > 0) {
+      const executions = plans.reduce((sum, p) => sum + p.generic + p.custom, 0);
+      lines.push(
+        `prepared statements: ${plans.length} on ${
+          new Set(plans.map((p) => p.connection)).size
+        } connections, ${executions} executions (${
+          (executions / r.messages).toFixed(4)
+        } per message), ${plans.reduce((sum, p) => sum + p.custom, 0)} custom plans, ${
+          plans.reduce((sum, p) => sum + p.generic, 0)
+        } generic`,
+      );
+      for (const p of plans) {
+        if (p.generic + p.custom > 1) {
+          lines.push(
+            `  conn ${p.connection}: custom ${p.custom} generic ${p.generic}: ${p.statement}`,
+          );
+        }
+      }
+    }
+    return lines;
+  };
   const ratio = (
     n: number | undefined,
   ) => (n === undefined || !Number.isFinite(n) ? "-" : `${n.toFixed(2)}x`);
@@ -769,6 +815,7 @@ async function main(): Promise<void> {
               : ` (Postgres ${serverCpuPerMessage(result)} µs/msg)`
           }, peak RSS ${mb(result.peakRss)} MB (load ${loadAverage()})`,
         );
+        for (const line of batchLines(result)) console.error(`  ${line}`);
         results.set(scenario.id, [...(results.get(scenario.id) ?? []), result]);
       }
     }

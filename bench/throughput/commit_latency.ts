@@ -29,6 +29,8 @@ import { readConfig, report } from "./child.ts";
 export interface CommitLatencyConfig {
   natsUrl: string;
   postgresUrl: string;
+  /** The relay's pool size (postgres.js `max`). @default {4} */
+  postgresConnections?: number;
   tables: SqlOutboxTables;
   prefix: string;
   tag: string;
@@ -52,7 +54,10 @@ if (import.meta.main) {
   const config = readConfig<CommitLatencyConfig>();
   const nc = await connect({ servers: config.natsUrl });
   const producers = postgres(config.postgresUrl, { max: 8, onnotice: () => {} });
-  const relay = postgres(config.postgresUrl, { max: 4, onnotice: () => {} });
+  const relay = postgres(config.postgresUrl, {
+    max: config.postgresConnections ?? 4,
+    onnotice: () => {},
+  });
   const total = Math.round(config.rate * (config.warmupSeconds + config.seconds));
   const batch = records(config.tag, config.prefix, total);
   const index = new Map(batch.map((record, k) => [record.id, k]));

@@ -32,6 +32,7 @@ import { records } from "../support/records.ts";
 import { currentRss } from "../support/rss.ts";
 import { openSqliteFile } from "../support/sqlite.ts";
 import { readConfig, report, timed } from "./child.ts";
+import { BatchSizes, type PoolPlans, preparedStatementPlans } from "../support/batch_sizes.ts";
 
 /** Configuration of a dispatcher scenario. */
 export interface OutboxDispatchConfig {
@@ -56,6 +57,8 @@ export interface OutboxDispatchConfig {
   tag?: string;
   limit?: number;
   maxInFlight?: number;
+  /** Postgres: the relay's pool size (postgres.js `max`). @default {4} */
+  postgresConnections?: number;
   /** Sample RSS every 50 ms while dispatching. */
   sampleRss?: boolean;
 }
@@ -66,10 +69,13 @@ if (import.meta.main) {
   let outbox: OutboxRepository;
   let close: () => Promise<void>;
   let warmupMs = 0;
+  let statementPlans: (() => Promise<PoolPlans>) | undefined;
   switch (config.store) {
     case "postgres": {
-      const sql = postgres(config.postgresUrl!, { max: 4, onnotice: () => {} });
+      const max = config.postgresConnections ?? 4;
+      const sql = postgres(config.postgresUrl!, { max, onnotice: () => {} });
       outbox = new SqlOutboxRepository(postgresJsExecutor(sql), "postgres", config.tables);
+      statementPlans = () => preparedStatementPlans(sql, max);
       close = () => sql.end();
       break;
     }
@@ -137,6 +143,8 @@ if (import.meta.main) {
     : undefined;
   let batches = 0;
   let dispatched = 0;
+  const sizes = new BatchSizes();
+  outbox = sizes.counting(outbox);
   const { seconds, cpuSeconds, mainThreadCpuSeconds } = await timed(async () => {
     const dispatcher = new OutboxDispatcher(outbox, runtime, {
       ...hooks,
@@ -153,6 +161,7 @@ if (import.meta.main) {
     await dispatcher.stop();
   });
   if (sampler !== undefined) clearInterval(sampler);
+  const plans = await statementPlans?.();
   const exported = await sdk?.shutdown();
   await close();
   await nc.close();
@@ -167,5 +176,8 @@ if (import.meta.main) {
     startRss,
     maxSampledRss: config.sampleRss ? maxSampledRss : undefined,
     spansExported: exported?.spans,
+    claimSizes: sizes.claims.summary(),
+    markSizes: sizes.marks.summary(),
+    plans,
   });
 }
