@@ -15,7 +15,7 @@ import type { KV, KvWatchEntry } from "@nats-io/kv";
 import { KvRequests } from "./kv_requests.ts";
 import { NatsKvIndexError } from "./errors.ts";
 import { decodeToken, isKeyEntryKey, markerPrefix, recordKeyOf, syncKey, tokenOf } from "./keys.ts";
-import { type KeyEntry, type RecordCodec, recordCodec } from "./records.ts";
+import { type KeyEntry, type Marker, type RecordCodec, recordCodec } from "./records.ts";
 
 /** One active message as the index knows it. */
 export interface ActiveEntry {
@@ -37,6 +37,11 @@ export interface ActiveEntry {
   hintRevision: number;
   /** The message's ordering key, from the marker. */
   key?: string;
+  /**
+   * The marker's copy of the record and the record revision it is (`Marker.r`, `Marker.rev`),
+   * kept while nothing newer is known about the record (see `ActiveIndex.copyOf`).
+   */
+  copy?: RecordCopy;
   removed: boolean;
   /**
    * Whether the entry is in the claim's FIFO: unkeyed entries always, keyed ones once they head
@@ -45,6 +50,19 @@ export interface ActiveEntry {
    */
   queued?: boolean;
 }
+
+/** A marker's copy of its record (not validated yet), the revision it is, and its size. */
+export interface RecordCopy {
+  revision: number;
+  record: unknown;
+  bytes: number;
+}
+
+/**
+ * Most bytes of marker values whose record copies the index keeps: beyond it (a large backlog)
+ * markers are indexed without their copy, and claims read those records.
+ */
+export const maxCopyBytes = 64 * 1024 * 1024;
 
 /** An ordering key's entry as the index last saw it. */
 export interface KeyState {
@@ -111,6 +129,8 @@ export class ActiveIndex {
   /** The rebuild under way (`restart`), while it runs. */
   #restarting: Promise<void> | undefined;
   #listeners = new Set<(work: ActiveWork) => void>();
+  /** Bytes of the marker values whose copies the entries keep. */
+  #copyBytes = 0;
 
   constructor(kv: KV, syncTimeoutMs: number) {
     this.#kv = kv;
@@ -279,6 +299,38 @@ export class ActiveIndex {
     if (!entry || recordRevision < entry.hintRevision) return;
     entry.dueMs = dueMs;
     entry.hintRevision = recordRevision;
+    if (entry.copy !== undefined && recordRevision > entry.copy.revision) this.#dropCopy(entry);
+  }
+
+  /**
+   * The marker's copy of the entry's record (`Marker.r`) while it is the newest revision of the
+   * record this index knows of (a claim, a mark or a newer marker since drop it); `undefined`
+   * otherwise. Still only as good as a read: the caller's compare-and-set on its revision fails
+   * when the record changed since.
+   */
+  copyOf(entry: ActiveEntry): RecordCopy | undefined {
+    const copy = entry.copy;
+    return copy !== undefined && entry.hintRevision <= copy.revision ? copy : undefined;
+  }
+
+  /** Forgets the entry's record copy (a compare-and-set on its revision failed). */
+  dropCopy(markerKey: string): void {
+    const entry = this.#entries.get(markerKey);
+    if (entry) this.#dropCopy(entry);
+  }
+
+  #dropCopy(entry: ActiveEntry): void {
+    if (entry.copy === undefined) return;
+    this.#copyBytes -= entry.copy.bytes;
+    entry.copy = undefined;
+  }
+
+  /** The copy a marker carries, if it has one and the budget has room for it. */
+  #copyIn(marker: Marker | undefined, bytes: number): RecordCopy | undefined {
+    if (marker?.r === undefined || marker.rev === undefined) return undefined;
+    if (this.#copyBytes + bytes > maxCopyBytes) return undefined;
+    this.#copyBytes += bytes;
+    return { revision: marker.rev, record: marker.r, bytes };
   }
 
   /**
@@ -350,6 +402,7 @@ export class ActiveIndex {
     this.#keyOfEntry = new Map();
     this.#byKey = new Map();
     this.#unmarked = new Map();
+    this.#copyBytes = 0;
     this.#lastRevision = 0;
     this.#live = false;
     const iterator = await this.#kv.watch({ key: `${markerPrefix}.>` });
@@ -525,11 +578,14 @@ export class ActiveIndex {
       if (watched.revision < known.markerRevision) return;
       known.markerRevision = watched.revision;
       known.markerWrittenMs = watched.created.getTime();
+      // A rewritten marker replaces the copy (a newer one, or none).
+      this.#dropCopy(known);
+      const copy = this.#copyIn(marker, watched.value.length);
       const order = marker?.seq ?? known.order;
       if (order !== known.order || marker?.key !== known.key) {
         this.#remove(known);
-        this.#insert({ ...known, order, key: marker?.key, removed: false, queued: false });
-      }
+        this.#insert({ ...known, order, key: marker?.key, removed: false, queued: false, copy });
+      } else known.copy = copy;
       this.hint(watched.key, dueMs, marker?.rev ?? 0);
     } else {
       this.#insert({
@@ -542,6 +598,7 @@ export class ActiveIndex {
         dueMs,
         hintRevision: marker?.rev ?? 0,
         key: marker?.key,
+        copy: this.#copyIn(marker, watched.value.length),
         removed: false,
       });
     }
@@ -575,6 +632,7 @@ export class ActiveIndex {
   #remove(entry: ActiveEntry): void {
     if (entry.removed) return;
     entry.removed = true;
+    this.#dropCopy(entry);
     if (entry.queued) this.#removedInSorted += 1;
     if (this.#entries.get(entry.markerKey) === entry) this.#entries.delete(entry.markerKey);
     if (entry.key === undefined) return;

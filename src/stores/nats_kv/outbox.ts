@@ -87,6 +87,7 @@ import {
   type KeyEntry,
   type Marker,
   markerOf,
+  type RecordCodec,
   recordCodec,
   type StoredOutboxRecord,
   toMessage,
@@ -383,6 +384,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     checkedDate(now, "now");
     if (max === 0) return [];
     let synced = await this.#index.ready();
+    const codec = await recordCodec();
     const nowMs = now.getTime();
     const nowIso = now.toISOString();
     const leaseUntil = addMs(now, leaseMs).toISOString();
@@ -409,16 +411,19 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       }
       for (const entry of candidates) this.#inFlight.add(entry.markerKey);
       try {
-        // Phase 1: read every candidate at once; phase 2: claim the oldest `want` due ones.
+        // Phase 1: read every candidate at once (a marker's copy of its record stands in for a
+        // read); phase 2: claim the oldest `want` due ones.
         const read = await Promise.all(
           candidates.map((entry) =>
-            this.#inspect(entry).catch((error) => {
+            (this.#copied(entry, codec) ?? this.#inspect(entry)).catch((error) => {
               failures.push(error);
               return "failed" as const;
             })
           ),
         );
-        const due: Array<{ entry: ActiveEntry; record: StoredOutboxRecord; revision: number }> = [];
+        const due: Array<
+          { entry: ActiveEntry; record: StoredOutboxRecord; revision: number; copied?: true }
+        > = [];
         read.forEach((outcome, i) => {
           const entry = candidates[i];
           if (typeof outcome === "string") {
@@ -436,22 +441,27 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
           // Due but beyond `want`: left untried, a next round may claim it.
         });
         const won = await Promise.all(
-          due.map(({ entry, record, revision }) =>
-            this.#claimHead(entry, record, revision, nowIso, leaseUntil, claimToken).catch(
-              (error) => {
-                failures.push(error);
-                return undefined;
-              },
-            )
+          due.map(({ entry, record, revision, copied }) =>
+            this.#claimHead(entry, record, revision, nowIso, leaseUntil, claimToken, copied)
+              .catch(
+                (error) => {
+                  failures.push(error);
+                  return undefined;
+                },
+              )
           ),
         );
         let gained = 0;
-        for (const result of won) {
-          if (result) {
+        won.forEach((result, i) => {
+          if (result === "stale") {
+            // The record changed since its marker's copy: a next round reads it.
+            this.#index.dropCopy(due[i].entry.markerKey);
+            tried.delete(due[i].entry.markerKey);
+          } else if (result) {
             claimed.push(result);
             gained += 1;
           }
-        }
+        });
         // Stale hints (a process start, other claimers' leases): read further ahead next time.
         if (gained < want) readAhead = Math.min(Math.max(readAhead, want) * 2, maxReadAhead);
       } finally {
@@ -937,7 +947,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     }
     const marked = await this.#requests.put(
       markerKeyOf(key),
-      encodeJson(markerOf(next, { rev: written })),
+      encodeJson(this.#markerWithCopy(next, { rev: written })),
     );
     if (next.orderingKey !== undefined) await this.#joinKey(next.orderingKey, next.id, marked);
     return 1;
@@ -1055,9 +1065,14 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     await this.#index.close();
   }
 
+  /** The marker of `record`, stored at revision `extra.rev`, with its copy when it fits. */
+  #markerWithCopy(record: StoredOutboxRecord, extra: Partial<Marker>): Marker {
+    return this.#withCopy(markerOf(record, extra), record, encodeJson(record).length);
+  }
+
   /** Creates the marker of an active record unless one exists. */
   async #ensureMarker(key: string, record: StoredOutboxRecord, revision: number): Promise<boolean> {
-    const marker = markerOf(record, { rev: revision });
+    const marker = this.#markerWithCopy(record, { rev: revision });
     try {
       await this.#requests.create(markerKeyOf(key), encodeJson(marker));
       return true;
@@ -1115,68 +1130,92 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     contextHeaders?: Iterable<string>,
   ): Promise<Stored> {
     const codec = await recordCodec();
-    // No await before the writes when the key is known: callers rely on the issue order.
+    // No await before the write when the key is known: callers rely on the issue order.
     const key = knownKey ?? await outboxRecordKey(record.id);
     const markerKey = markerKeyOf(key);
     const { stored, bytes } = prepared;
-    // Record and marker are written together (one round trip). The marker's revision is the
-    // message's enqueue order. A marker whose record write failed is an orphan that claims
-    // delete after `orphanGraceMs`.
-    const marker: Marker = { v: 1, id: record.id };
-    if (record.orderingKey !== undefined) marker.key = record.orderingKey;
-    const [created, indexed] = await Promise.allSettled([
-      this.#requests.create(key, bytes),
-      this.#requests.create(markerKey, encodeJson(marker)),
-    ]);
-    if (created.status === "fulfilled") {
-      if (indexed.status === "rejected" && !isWrongLastSequence(indexed.reason)) {
-        // The record is stored but not indexed yet: without its marker no claim would find
-        // it. Try again a few times; if the bucket still refuses, the error reaches the
-        // caller, whose retried enqueue (same id) or repair() re-creates the marker.
-        await this.#indexAgain(markerKey, marker);
-      }
-      const message = toMessage(stored);
-      return indexed.status === "fulfilled"
-        ? { message, markerRevision: indexed.value }
-        : { message };
+    // The record first, then its marker with a copy of it and its revision (so the first claim
+    // needs no read: see `Marker.r`). The marker's revision is the message's enqueue order (the
+    // record writes are acknowledged in the order they were issued, so are the markers).
+    let written: number;
+    try {
+      written = await this.#requests.create(key, bytes);
+    } catch (error) {
+      return await this.#storeFailed(record, key, error, codec, contextHeaders);
     }
-    if (!isWrongLastSequence(created.reason)) {
-      const refused = errorNamed(created.reason, "InvalidArgumentError");
-      if (refused && indexed.status === "fulfilled") {
-        // nats.js refused the record write itself, so nothing was stored: take the marker back
-        // instead of leaving an orphan for the grace. After any other failure (a timeout, say)
-        // the record may have landed: keep the marker, which makes it claimable if it did and
-        // is dropped as an orphan after orphanGraceMs if it did not.
-        await this.#requests.delete(markerKey, { previousSeq: indexed.value }).catch(() => {});
-      }
-      if (refused) {
+    const plain = markerOf(stored);
+    const marker = this.#withCopy(markerOf(stored, { rev: written }), stored, bytes.length);
+    let markerRevision: number | undefined;
+    try {
+      markerRevision = await this.#requests.create(markerKey, encodeJson(marker));
+    } catch (error) {
+      // The record is stored but not indexed yet: without its marker no claim would find it.
+      // Try again a few times (without the copy, in case its size was refused); if the bucket
+      // still refuses, the error reaches the caller, whose retried enqueue (same id) or
+      // repair() re-creates the marker.
+      if (!isWrongLastSequence(error)) await this.#indexAgain(markerKey, plain);
+    }
+    const message = toMessage(stored);
+    return markerRevision === undefined ? { message } : { message, markerRevision };
+  }
+
+  /** `#store` after its record write failed: the id exists, or the write was refused or lost. */
+  async #storeFailed(
+    record: OutboxRecord,
+    key: string,
+    error: unknown,
+    codec: RecordCodec,
+    contextHeaders: Iterable<string> | undefined,
+  ): Promise<Stored> {
+    const markerKey = markerKeyOf(key);
+    if (!isWrongLastSequence(error)) {
+      if (errorNamed(error, "InvalidArgumentError")) {
         // nats.js refused the write itself (above the server's max_payload, when the server's
-        // limit was not known to #prepare).
+        // limit was not known to #prepare): nothing was stored.
         throw new OutboxValidationError(
           "payload",
           `Outbox record '${record.id}' cannot be stored in the NATS KV bucket: ${
-            errorMessage(created.reason)
+            errorMessage(error)
           }`,
-          { cause: created.reason },
+          { cause: error },
         );
       }
-      throw created.reason;
+      // Any other failure (a timeout, say): the record may have landed. A marker (without a
+      // copy: its revision is unknown) makes it claimable if it did, and is dropped as an orphan
+      // after orphanGraceMs if it did not.
+      const marker: Marker = { v: 1, id: record.id };
+      if (record.orderingKey !== undefined) marker.key = record.orderingKey;
+      await this.#requests.create(markerKey, encodeJson(marker)).catch(() => {});
+      throw error;
     }
     // The id exists: identical content returns the stored message, other content throws.
     const entry = await this.#requests.get(key);
     if (!entry || entry.operation !== "PUT") {
-      throw new OutboxStorageConflictError(record.id, { cause: created.reason });
+      throw new OutboxStorageConflictError(record.id, { cause: error });
     }
     const decoded = codec.decodeRecord(entry.value, record.id);
     if (!decoded.ok) throw new OutboxStorageConflictError(record.id, { cause: decoded.error });
     const existing = decoded.record;
-    const terminal = existing.state === "dispatched" || existing.state === "dead";
-    if (terminal && indexed.status === "fulfilled") {
-      // The marker written with the attempt points at a settled record: take it back.
-      await this.#requests.delete(markerKey, { previousSeq: indexed.value }).catch(() => {});
+    if (existing.state !== "dispatched" && existing.state !== "dead") {
+      // An active record that lost its marker (a crash) is indexed again by a duplicate enqueue.
+      await this.#ensureMarker(key, existing, entry.revision).catch(() => {});
     }
     assertOutboxIdentity(existing, record, contextHeaders);
     return { message: toMessage(existing) };
+  }
+
+  /**
+   * `marker` (with its `rev`) carrying a copy of `record` (`Marker.r`; `bytes`: its encoded
+   * size) when the record is small and the marker fits the bucket's known entry limit; else
+   * `marker` as is (claims then read the record).
+   */
+  #withCopy(marker: Marker, record: StoredOutboxRecord, bytes: number): Marker {
+    const limit = this.#entryLimit();
+    if (marker.rev === undefined || bytes > maxCopyRecordBytes || limit === undefined) {
+      return marker;
+    }
+    const copied: Marker = { ...marker, r: record };
+    return encodeJson(copied).length + writeHeadersBytes <= limit.bytes ? copied : marker;
   }
 
   /** Writes a missing marker, retrying with a short backoff (three more attempts). */
@@ -1201,7 +1240,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     nowIso: string,
     leaseUntil: string,
     claimToken: string,
-  ): Promise<Claimed | undefined> {
+    copied?: true,
+  ): Promise<Claimed | undefined | "stale"> {
     const next: StoredOutboxRecord = {
       ...record,
       state: "claimed",
@@ -1216,12 +1256,33 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     try {
       written = await this.#requests.update(entry.recordKey, value, revision);
     } catch (error) {
-      if (isWrongLastSequence(error)) return undefined; // another claimer won
+      // Another claimer won; or, for a marker's copy, the record changed since (read it).
+      if (isWrongLastSequence(error)) return copied ? "stale" : undefined;
       throw error;
     }
     this.#index.hint(entry.markerKey, Date.parse(leaseUntil), written);
     this.#remember(next, written, value.length);
     return { order: next.seq!, message: toMessage(next) };
+  }
+
+  /**
+   * The record behind a marker as the marker's copy has it (`Marker.r`), without reading it:
+   * only an active record that passes the record schema, at the revision the copy is of (the
+   * claim's compare-and-set on it fails, and the claim reads the record, when it changed since).
+   * `undefined` when there is no usable copy: the caller reads the record.
+   */
+  #copied(
+    entry: ActiveEntry,
+    codec: RecordCodec,
+  ): Promise<{ record: StoredOutboxRecord; revision: number; copied: true }> | undefined {
+    const copy = this.#index.copyOf(entry);
+    if (copy === undefined) return undefined;
+    const decoded = codec.checkRecord(copy.record, entry.id);
+    if (!decoded.ok || decoded.record.state === "dispatched" || decoded.record.state === "dead") {
+      this.#index.dropCopy(entry.markerKey);
+      return undefined;
+    }
+    return Promise.resolve({ record: decoded.record, revision: copy.revision, copied: true });
   }
 
   /**
@@ -1419,7 +1480,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const markerKey = markerKeyOf(key);
     try {
       if (record.state === "failed") {
-        const marker = markerOf(record, { due: record.nextAttemptAt, rev: revision });
+        const marker = this.#markerWithCopy(record, { due: record.nextAttemptAt, rev: revision });
         this.#index.hint(markerKey, Date.parse(record.nextAttemptAt!), revision);
         this.#index.wroteMarker(markerKey, await this.#requests.put(markerKey, encodeJson(marker)));
       } else if (record.state === "dispatched") {
@@ -1523,18 +1584,29 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     nowIso: string,
     leaseUntil: string,
     claimToken: string,
-  ): Promise<Claimed | undefined> {
+    copied?: true,
+  ): Promise<Claimed | undefined | "stale"> {
     if (record.orderingKey === undefined) {
-      return await this.#claimOne(entry, record, revision, nowIso, leaseUntil, claimToken);
+      return await this.#claimOne(entry, record, revision, nowIso, leaseUntil, claimToken, copied);
     }
     const state = this.#index.revision() > revision
       ? this.#index.keyState(record.orderingKey)
       : await this.#readKey(record.orderingKey);
     if (state?.value?.head !== record.id) return undefined;
-    const claimed = await this.#claimOne(entry, record, revision, nowIso, leaseUntil, claimToken);
+    const claimed = await this.#claimOne(
+      entry,
+      record,
+      revision,
+      nowIso,
+      leaseUntil,
+      claimToken,
+      copied,
+    );
     // The key's sequence as of the entry that names this head: it changes only when the head
     // is settled, which this claim's write just fenced.
-    if (claimed && state.value.seq !== undefined) claimed.message.keySequence = state.value.seq;
+    if (typeof claimed === "object" && state.value.seq !== undefined) {
+      claimed.message.keySequence = state.value.seq;
+    }
     return claimed;
   }
 
@@ -1926,6 +1998,12 @@ async function contention(key: string, round: number): Promise<void> {
   if (round < 3) return;
   await new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(100, 5 * round)));
 }
+
+/**
+ * Largest record (encoded) a marker carries a copy of (`Marker.r`): a larger one is read by its
+ * claim, whose read then costs little beside the record's size.
+ */
+const maxCopyRecordBytes = 8_192;
 
 /** Most records a claim reads in one round when its index hints turn out stale. */
 const maxReadAhead = 512;
