@@ -1,0 +1,216 @@
+/**
+ * A marker's copy of its record (`Marker.r`, at the record revision `rev` names): the first claim
+ * of a message compares-and-sets the record without reading it. Every way the copy can be stale
+ * or unusable ends in the usual read: another claimer took the record, a settle whose marker
+ * delete has not reached this index, a marker written by the previous version (no copy), a
+ * record too large to copy, a copy that fails the record schema. On a real bucket, two store
+ * instances where it matters.
+ */
+
+import assert from "node:assert/strict";
+import type { KV, KvEntry } from "@nats-io/kv";
+import type { OutboxMessage, OutboxRecord } from "../mod.ts";
+import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
+import { keyedRecord } from "./conformance/records.ts";
+import { countingKv, intercept, newCounts, openKvFixture } from "./nats_kv_fixture.ts";
+
+const fresh = (overrides: Partial<OutboxRecord> = {}): OutboxRecord =>
+  keyedRecord("mc", undefined, overrides);
+
+function later(ms: number): Date {
+  return new Date(Date.now() + ms);
+}
+
+async function entryOf(kv: KV, key: string): Promise<KvEntry | null> {
+  const entry = await kv.get(key);
+  return entry?.operation === "PUT" ? entry : null;
+}
+
+async function markerOf(kv: KV, id: string): Promise<Record<string, unknown> | undefined> {
+  const entry = await entryOf(kv, markerKeyOf(await outboxRecordKey(id)));
+  return entry ? entry.json<Record<string, unknown>>() : undefined;
+}
+
+/** Claims on a counting view of the peer connection; `gets()`: record reads since creation. */
+function countingOutbox(fixture: Awaited<ReturnType<typeof openKvFixture>>) {
+  const counts = newCounts();
+  const outbox = fixture.outbox({ kv: countingKv(fixture.peerKv, counts) });
+  return { outbox, gets: () => counts.calls.get ?? 0, updates: () => counts.calls.update ?? 0 };
+}
+
+Deno.test("nats kv marker copy: an enqueued message's marker carries its record, and its first claim reads none", async () => {
+  await using fixture = await openKvFixture();
+  const producer = fixture.outbox();
+  const message = fresh();
+  await producer.enqueue(message);
+  const recordEntry = await entryOf(fixture.kv, await outboxRecordKey(message.id));
+  const marker = await markerOf(fixture.kv, message.id);
+  assert.equal(marker?.rev, recordEntry?.revision, "the marker names the record's revision");
+  assert.deepEqual(marker?.r, recordEntry?.json(), "and carries the record as stored there");
+
+  const relay = countingOutbox(fixture);
+  const [claimed] = await relay.outbox.claimDue(10, new Date());
+  assert.equal(claimed?.id, message.id);
+  assert.equal(claimed.attempts, 1);
+  assert.equal(relay.gets(), 0, "no record read");
+  assert.equal(await relay.outbox.markDispatched(claimed, new Date()), true);
+  assert.equal((await producer.get(message.id))?.state, "dispatched");
+});
+
+Deno.test("nats kv marker copy: a record another instance claimed since is read, then claimed as it is", async () => {
+  await using fixture = await openKvFixture();
+  const message = fresh();
+  await fixture.outbox().enqueue(message);
+  const relay = countingOutbox(fixture);
+  await (await relay.outbox.watch(() => {}))(); // its index holds the marker and its copy
+  // Another instance claims it with a short lease (no marker is written for a claim).
+  const other = fixture.outbox();
+  const [theirs] = await other.claimDue(10, new Date(), { leaseMs: 1 });
+  assert.equal(theirs?.id, message.id);
+
+  // The lease has expired: the copy (pending, 0 attempts) is stale, its compare-and-set fails,
+  // the record is read and claimed as stored (its second attempt, fencing the other claim).
+  const [ours] = await relay.outbox.claimDue(10, later(1_000));
+  assert.equal(ours?.id, message.id, "claimed after reading the record");
+  assert.equal(ours.attempts, 2);
+  assert.notEqual(ours.claimToken, theirs.claimToken);
+  assert.equal(relay.gets(), 1, "one read, after the failed compare-and-set");
+  assert.equal(
+    await other.markDispatched(theirs, new Date()),
+    false,
+    "the earlier claim is fenced",
+  );
+  assert.equal(await relay.outbox.markDispatched(ours, new Date()), true);
+});
+
+Deno.test("nats kv marker copy: a record settled since (its marker delete not seen) is read and its marker dropped", async () => {
+  await using fixture = await openKvFixture();
+  const message = fresh();
+  await fixture.outbox().enqueue(message);
+  const relay = countingOutbox(fixture);
+  await (await relay.outbox.watch(() => {}))();
+  // Another instance dispatches it, but its marker delete never happens.
+  const settler = fixture.outbox({
+    kv: intercept(fixture.kv, "delete", () => () => Promise.resolve()),
+  });
+  const [claimed] = await settler.claimDue(10, new Date());
+  assert.equal(await settler.markDispatched(claimed, new Date()), true);
+  assert.ok(await markerOf(fixture.kv, message.id), "the marker outlived the settle");
+
+  // The copy says pending: its compare-and-set fails, the read finds the record dispatched.
+  assert.deepEqual(await relay.outbox.claimDue(10, new Date()), []);
+  assert.equal(relay.gets(), 1);
+  assert.equal(await markerOf(fixture.kv, message.id), undefined, "the stale marker is dropped");
+  assert.equal((await relay.outbox.get(message.id))?.state, "dispatched", "not revived");
+});
+
+Deno.test("nats kv marker copy: markers written by the previous version (no copy) still work", async () => {
+  await using fixture = await openKvFixture();
+  // As the previous version enqueued: record and marker `{ v, id }` written together; and a
+  // failed message's marker with its due time and record revision, but no copy.
+  const enqueued = fresh();
+  const failed = fresh();
+  const now = new Date();
+  const stored = (record: OutboxRecord, extra: Record<string, unknown> = {}) => ({
+    v: 1,
+    ...record,
+    state: "pending",
+    attempts: 0,
+    createdAt: now.toISOString(),
+    updatedAt: now.toISOString(),
+    ...extra,
+  });
+  const enqueuedKey = await outboxRecordKey(enqueued.id);
+  await fixture.kv.create(enqueuedKey, JSON.stringify(stored(enqueued)));
+  await fixture.kv.create(markerKeyOf(enqueuedKey), JSON.stringify({ v: 1, id: enqueued.id }));
+  const failedKey = await outboxRecordKey(failed.id);
+  const due = new Date(now.getTime() - 1_000).toISOString();
+  const revision = await fixture.kv.create(
+    failedKey,
+    JSON.stringify(
+      stored(failed, { state: "failed", attempts: 1, nextAttemptAt: due, lastError: "x", seq: 1 }),
+    ),
+  );
+  await fixture.kv.create(
+    markerKeyOf(failedKey),
+    JSON.stringify({ v: 1, id: failed.id, seq: 1, due, rev: revision }),
+  );
+
+  const relay = countingOutbox(fixture);
+  const claimed = await relay.outbox.claimDue(10, now);
+  assert.deepEqual(
+    claimed.map((m) => [m.id, m.attempts]).sort(),
+    [
+      [enqueued.id, 1],
+      [failed.id, 2],
+    ].sort(),
+  );
+  assert.equal(relay.gets(), 2, "both records read");
+  assert.deepEqual(
+    await relay.outbox.markMany(
+      claimed.map((claim) => ({ claim, state: "dispatched" as const })),
+      now,
+    ),
+    [true, true],
+  );
+});
+
+Deno.test("nats kv marker copy: a record too large to copy, or a copy that fails the record schema, is read", async () => {
+  await using fixture = await openKvFixture();
+  const producer = fixture.outbox();
+  const large = fresh({ payload: JSON.stringify({ pad: "x".repeat(10_000) }) });
+  const damaged = fresh();
+  await producer.enqueueMany([large, damaged]);
+  assert.equal((await markerOf(fixture.kv, large.id))?.r, undefined, "no copy of a large record");
+  // A copy that does not pass the schema (here: another id) is not trusted.
+  const damagedMarker = markerKeyOf(await outboxRecordKey(damaged.id));
+  const marker = await markerOf(fixture.kv, damaged.id);
+  assert.ok(marker?.r !== undefined);
+  await fixture.kv.put(
+    damagedMarker,
+    JSON.stringify({ ...marker, r: { ...(marker.r as object), id: "someone-else" } }),
+  );
+
+  const relay = countingOutbox(fixture);
+  const claimed: OutboxMessage[] = await relay.outbox.claimDue(10, new Date());
+  assert.deepEqual(claimed.map((m) => m.id).sort(), [large.id, damaged.id].sort());
+  assert.equal(relay.gets(), 2, "both records read");
+  const byId = new Map(claimed.map((m) => [m.id, m]));
+  assert.equal(byId.get(large.id)?.payload, large.payload);
+  assert.equal(byId.get(damaged.id)?.payload, damaged.payload, "the record's, not the copy's");
+});
+
+Deno.test("nats kv marker copy: failed and requeued messages' markers carry copies too", async () => {
+  await using fixture = await openKvFixture();
+  const producer = fixture.outbox();
+  const retried = fresh();
+  const requeued = fresh();
+  await producer.enqueueMany([retried, requeued]);
+  const t0 = new Date();
+  const first = await producer.claimDue(10, t0);
+  assert.equal(first.length, 2);
+  const byId = new Map(first.map((m) => [m.id, m]));
+  assert.equal(
+    await producer.markFailed(byId.get(retried.id)!, {
+      error: "try again",
+      now: t0,
+      nextAttemptAt: t0,
+    }),
+    true,
+  );
+  assert.equal(await producer.markDead(byId.get(requeued.id)!, { error: "dead", now: t0 }), true);
+  assert.equal(await producer.requeue([requeued.id], t0), 1);
+
+  const relay = countingOutbox(fixture);
+  const claimed = await relay.outbox.claimDue(10, new Date(t0.getTime() + 1));
+  assert.deepEqual(
+    claimed.map((m) => [m.id, m.attempts]).sort(),
+    [
+      [retried.id, 2],
+      [requeued.id, 1],
+    ].sort(),
+  );
+  assert.equal(relay.gets(), 0, "no record read");
+  const retry = claimed.find((m) => m.id === retried.id)!;
+  assert.equal(retry.lastError, "try again");
+});
