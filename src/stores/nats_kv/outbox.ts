@@ -7,16 +7,20 @@
  *   claimers never both win and a mark only applies to the claim it fences.
  * - `q.<token>`: an active-index marker that exists while the message is pending, claimed or
  *   failed. Claims find due work through a watch on `q.>` (see {@link ./active_index.ts}), never
- *   by listing records, so dispatched records kept for retention cost a claim nothing.
+ *   by listing records, so dispatched records kept for retention cost a claim nothing. A marker
+ *   written after its record (enqueue, failed mark, requeue, repair) names the record revision
+ *   and, for a small record, carries a copy of it (`Marker.r`): a claim compares-and-sets the
+ *   record from the copy without reading it, and reads it only when that fails.
  * - `q._k.<token>`: the entry of an ordering key: its head (the only message of the key a claim
  *   may take) and its last stream sequence. Written only by compare-and-set: a keyed enqueue
  *   joins its key after its marker is written (creating the head, or rewriting the entry so a
  *   concurrent hand-over reads again), a settled head hands over to the oldest marker of its key
  *   in the index, and a claim checks the head against the entry as of after its record read.
  *
- * Crash safety: the record is the truth, the marker only a pointer. Every state between the two
- * writes heals itself: a marker whose record is terminal, corrupt or (after a grace period)
- * missing is deleted by the next claim that sees it; a record left active without a marker is
+ * Crash safety: the record is the truth, the marker only a pointer (its copy only a guess, checked
+ * by the compare-and-set). Every state between the two writes heals itself: a marker whose record
+ * is terminal, corrupt or (after a grace period) missing is deleted by the next claim that sees it;
+ * a record left active without a marker (an enqueue that stopped after its record write) is
  * re-indexed by a duplicate `enqueue` of the same id or by {@linkcode NatsKvOutboxRepository.repair}
  * (sooner when it heads its key: see below). A key's head that has no marker in the index (a
  * settled message named head through a marker whose delete was late or lost, or an active head
