@@ -9,6 +9,7 @@
 
 import assert from "node:assert/strict";
 import type { KV, KvEntry } from "@nats-io/kv";
+import { jetstreamManager } from "@nats-io/jetstream";
 import type { OutboxMessage, OutboxRecord } from "../mod.ts";
 import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
 import { keyedRecord } from "./conformance/records.ts";
@@ -213,4 +214,39 @@ Deno.test("nats kv marker copy: failed and requeued messages' markers carry copi
   assert.equal(relay.gets(), 0, "no record read");
   const retry = claimed.find((m) => m.id === retried.id)!;
   assert.equal(retry.lastError, "try again");
+});
+
+Deno.test("nats kv marker copy: a marker the bucket refuses with its copy (max_msg_size lowered since read) is written without it", async () => {
+  await using fixture = await openKvFixture();
+  const producer = fixture.outbox();
+  // A long id: a marker's copy carries it twice (the marker's and the record's), the record once.
+  const longId = (tag: string) => `${tag}-${"i".repeat(700)}`;
+  const twin = fresh({ id: longId("twin") });
+  await producer.enqueue(twin); // the repository reads the bucket's limit (none) here
+  const size = (await entryOf(fixture.kv, await outboxRecordKey(twin.id)))!.length;
+  const jsm = await jetstreamManager(fixture.nc);
+  const stream = `KV_${fixture.outboxBucket}`;
+  const { config } = await jsm.streams.info(stream);
+  // Room for the record and its rewrites, not for a marker with a copy.
+  await jsm.streams.update(stream, { ...config, max_msg_size: size + 400 });
+
+  const message = fresh({ id: longId("mesg") });
+  await producer.enqueue(message);
+  const marker = await markerOf(fixture.kv, message.id);
+  assert.ok(marker !== undefined, "indexed");
+  assert.equal(marker.r, undefined, "without a copy");
+  const claimed = (await producer.claimDue(10, new Date())).find((m) => m.id === message.id);
+  assert.ok(claimed !== undefined);
+  const t0 = new Date();
+  assert.equal(
+    await producer.markFailed(claimed, { error: "x", now: t0, nextAttemptAt: t0 }),
+    true,
+  );
+  const failed = await markerOf(fixture.kv, message.id);
+  assert.equal(failed?.due, t0.toISOString(), "the failed mark's marker was written");
+  assert.equal(failed?.r, undefined, "without a copy");
+  const relay = countingOutbox(fixture);
+  const again = (await relay.outbox.claimDue(10, new Date(t0.getTime() + 1)))
+    .find((m) => m.id === message.id);
+  assert.equal(again?.attempts, 2);
 });

@@ -62,7 +62,7 @@ export interface RecordCopy {
  * Most bytes of marker values whose record copies the index keeps: beyond it (a large backlog)
  * markers are indexed without their copy, and claims read those records.
  */
-export const maxCopyBytes = 64 * 1024 * 1024;
+export const maxCopyBytes = 32 * 1024 * 1024;
 
 /** An ordering key's entry as the index last saw it. */
 export interface KeyState {

@@ -949,9 +949,9 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       if (isWrongLastSequence(error)) return 0;
       throw error;
     }
-    const marked = await this.#requests.put(
-      markerKeyOf(key),
-      encodeJson(this.#markerWithCopy(next, { rev: written })),
+    const marked = await this.#writeMarker(
+      this.#markerWithCopy(next, { rev: written }),
+      (value) => this.#requests.put(markerKeyOf(key), value),
     );
     if (next.orderingKey !== undefined) await this.#joinKey(next.orderingKey, next.id, marked);
     return 1;
@@ -1074,11 +1074,29 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     return this.#withCopy(markerOf(record, extra), record, encodeJson(record).length);
   }
 
+  /**
+   * Writes `marker` with `write`; when the bucket refuses its size (its `max_msg_size` lowered
+   * since it was read), again without its copy.
+   */
+  async #writeMarker(
+    marker: Marker,
+    write: (value: Uint8Array) => Promise<number>,
+  ): Promise<number> {
+    try {
+      return await write(encodeJson(marker));
+    } catch (error) {
+      if (marker.r === undefined || !isTooLargeWrite(error)) throw error;
+      const plain: Marker = { ...marker };
+      delete plain.r;
+      return await write(encodeJson(plain));
+    }
+  }
+
   /** Creates the marker of an active record unless one exists. */
   async #ensureMarker(key: string, record: StoredOutboxRecord, revision: number): Promise<boolean> {
     const marker = this.#markerWithCopy(record, { rev: revision });
     try {
-      await this.#requests.create(markerKeyOf(key), encodeJson(marker));
+      await this.#writeMarker(marker, (value) => this.#requests.create(markerKeyOf(key), value));
       return true;
     } catch (error) {
       if (isWrongLastSequence(error)) return false;
@@ -1214,7 +1232,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * `marker` as is (claims then read the record).
    */
   #withCopy(marker: Marker, record: StoredOutboxRecord, bytes: number): Marker {
-    const limit = this.#entryLimit();
+    // Only once the bucket's own limit has been read (an enqueue or a claim reads it).
+    const limit = this.#bucketMaxValue === undefined ? undefined : this.#entryLimit();
     if (marker.rev === undefined || bytes > maxCopyRecordBytes || limit === undefined) {
       return marker;
     }
@@ -1486,7 +1505,11 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       if (record.state === "failed") {
         const marker = this.#markerWithCopy(record, { due: record.nextAttemptAt, rev: revision });
         this.#index.hint(markerKey, Date.parse(record.nextAttemptAt!), revision);
-        this.#index.wroteMarker(markerKey, await this.#requests.put(markerKey, encodeJson(marker)));
+        const written = await this.#writeMarker(
+          marker,
+          (value) => this.#requests.put(markerKey, value),
+        );
+        this.#index.wroteMarker(markerKey, written);
       } else if (record.state === "dispatched") {
         // Dispatched is final: nothing can revive the marker, so it is deleted unconditionally,
         // and without waiting for the acknowledgement (one reply less per message). A delete
