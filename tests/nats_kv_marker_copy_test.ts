@@ -250,3 +250,53 @@ Deno.test("nats kv marker copy: a marker the bucket refuses with its copy (max_m
     .find((m) => m.id === message.id);
   assert.equal(again?.attempts, 2);
 });
+
+Deno.test("nats kv marker copy: an enqueue whose record write lost its reply leaves a marker without copy, and the record is claimed", async () => {
+  await using fixture = await openKvFixture();
+  const message = fresh();
+  const recordKey = await outboxRecordKey(message.id);
+  // The record write applies, its reply is lost.
+  const kv = intercept(fixture.kv, "create", (create) => async (key, value, ttl) => {
+    const revision = await create(key, value, ttl);
+    if (key === recordKey) throw new Error("reply lost (simulated)");
+    return revision;
+  });
+  await assert.rejects(fixture.outbox({ kv }).enqueue(message), /reply lost/);
+  const marker = await markerOf(fixture.kv, message.id);
+  assert.deepEqual(marker, { v: 1, id: message.id }, "a marker without revision or copy");
+  const relay = countingOutbox(fixture);
+  const [claimed] = await relay.outbox.claimDue(10, new Date());
+  assert.equal(claimed?.id, message.id);
+  assert.equal(relay.gets(), 1, "its record read");
+});
+
+Deno.test("nats kv marker copy: an enqueue stopped between its record and its marker is indexed by its retry, with a copy", async () => {
+  await using fixture = await openKvFixture();
+  const message = fresh();
+  const markerKey = markerKeyOf(await outboxRecordKey(message.id));
+  // Every marker write fails (as if the process stopped after the record write).
+  const kv = intercept(
+    fixture.kv,
+    "create",
+    (create) => (key, value, ttl) =>
+      key === markerKey
+        ? Promise.reject(new Error("connection lost (simulated)"))
+        : create(key, value, ttl),
+  );
+  await assert.rejects(fixture.outbox({ kv }).enqueue(message), /connection lost/);
+  assert.equal(await markerOf(fixture.kv, message.id), undefined, "the record has no marker");
+  assert.equal((await fixture.outbox().get(message.id))?.state, "pending");
+
+  // The caller's retry finds the record and writes its marker, with the record's copy.
+  await fixture.outbox().enqueue(message);
+  const marker = await markerOf(fixture.kv, message.id);
+  assert.equal(
+    marker?.rev,
+    (await entryOf(fixture.kv, await outboxRecordKey(message.id)))?.revision,
+  );
+  assert.ok(marker?.r !== undefined);
+  const relay = countingOutbox(fixture);
+  const [claimed] = await relay.outbox.claimDue(10, new Date());
+  assert.equal(claimed?.id, message.id);
+  assert.equal(relay.gets(), 0);
+});
