@@ -237,9 +237,9 @@ interface KeyRead {
  * and a crash repair scan. Create the bucket with `createOutboxBucket` (history 1, file storage)
  * and share it between every process of the service; call `close()` when done.
  *
- * A claim reads about `limit` records whatever the number of dispatched records kept in the
- * bucket: due work is found through an in-process index fed by a watch on the active-index
- * markers. Message ids of any form round-trip (keys are base64url, or a SHA-256 for ids over
+ * A claim reads at most about `limit` records (none while markers carry current copies of them)
+ * whatever the number of dispatched records kept in the bucket: due work is found through an
+ * in-process index fed by a watch on the active-index markers. Message ids of any form round-trip (keys are base64url, or a SHA-256 for ids over
  * 768 bytes). Duplicates and lost races are recognised by JetStream error codes.
  *
  * @example
@@ -372,9 +372,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 
   /**
    * Claims up to `limit` due messages, oldest first; see {@linkcode OutboxRepository.claimDue}.
-   * Reads about `limit` records (plus one per stale hint or lost race); when the index cannot
-   * fill the claim it first syncs with the bucket (one small write), so a claim that returns
-   * fewer than `limit` messages has seen every message enqueued before it started.
+   * Reads at most about `limit` records (plus one per stale hint or lost race; none for a
+   * message whose marker carries a current copy of its record); when the index cannot fill the
+   * claim it first syncs with the bucket (one small write), so a claim that returns fewer than
+   * `limit` messages has seen every message enqueued before it started.
    */
   async claimDue(
     limit: number,
