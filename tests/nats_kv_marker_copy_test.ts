@@ -1,6 +1,8 @@
 /**
- * A marker's copy of its record (`Marker.r`, at the record revision `rev` names): the first claim
- * of a message compares-and-sets the record without reading it. Every way the copy can be stale
+ * A marker's copy of its record (`Marker.r`, at the record revision `rev` names), written by
+ * repositories with `markerCopies` on: the first claim of a message compares-and-sets the record
+ * without reading it. Off (the default), enqueue writes record and marker together and no marker
+ * carries a copy; repositories with it on and off share a bucket. Every way the copy can be stale
  * or unusable ends in the usual read: another claimer took the record, a settle whose marker
  * delete has not reached this index, a marker written by the previous version (no copy), a
  * record too large to copy, a copy that fails the record schema. On a real bucket, two store
@@ -10,7 +12,7 @@
 import assert from "node:assert/strict";
 import type { KV, KvEntry } from "@nats-io/kv";
 import { jetstreamManager } from "@nats-io/jetstream";
-import type { OutboxMessage, OutboxRecord } from "../mod.ts";
+import type { NatsKvOutboxOptions, OutboxMessage, OutboxRecord } from "../mod.ts";
 import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
 import { keyedRecord } from "./conformance/records.ts";
 import { countingKv, intercept, newCounts, openKvFixture } from "./nats_kv_fixture.ts";
@@ -33,14 +35,17 @@ async function markerOf(kv: KV, id: string): Promise<Record<string, unknown> | u
 }
 
 /** Claims on a counting view of the peer connection; `gets()`: record reads since creation. */
-function countingOutbox(fixture: Awaited<ReturnType<typeof openKvFixture>>) {
+function countingOutbox(
+  fixture: Awaited<ReturnType<typeof openKvFixture>>,
+  options: NatsKvOutboxOptions = {},
+) {
   const counts = newCounts();
-  const outbox = fixture.outbox({ kv: countingKv(fixture.peerKv, counts) });
+  const outbox = fixture.outbox({ ...options, kv: countingKv(fixture.peerKv, counts) });
   return { outbox, gets: () => counts.calls.get ?? 0, updates: () => counts.calls.update ?? 0 };
 }
 
 Deno.test("nats kv marker copy: an enqueued message's marker carries its record, and its first claim reads none", async () => {
-  await using fixture = await openKvFixture();
+  await using fixture = await openKvFixture({ markerCopies: true });
   const producer = fixture.outbox();
   const message = fresh();
   await producer.enqueue(message);
@@ -59,7 +64,7 @@ Deno.test("nats kv marker copy: an enqueued message's marker carries its record,
 });
 
 Deno.test("nats kv marker copy: a record another instance claimed since is read, then claimed as it is", async () => {
-  await using fixture = await openKvFixture();
+  await using fixture = await openKvFixture({ markerCopies: true });
   const message = fresh();
   await fixture.outbox().enqueue(message);
   const relay = countingOutbox(fixture);
@@ -85,7 +90,7 @@ Deno.test("nats kv marker copy: a record another instance claimed since is read,
 });
 
 Deno.test("nats kv marker copy: a record settled since (its marker delete not seen) is read and its marker dropped", async () => {
-  await using fixture = await openKvFixture();
+  await using fixture = await openKvFixture({ markerCopies: true });
   const message = fresh();
   await fixture.outbox().enqueue(message);
   const relay = countingOutbox(fixture);
@@ -106,7 +111,7 @@ Deno.test("nats kv marker copy: a record settled since (its marker delete not se
 });
 
 Deno.test("nats kv marker copy: markers written by the previous version (no copy) still work", async () => {
-  await using fixture = await openKvFixture();
+  await using fixture = await openKvFixture({ markerCopies: true });
   // As the previous version enqueued: record and marker `{ v, id }` written together; and a
   // failed message's marker with its due time and record revision, but no copy.
   const enqueued = fresh();
@@ -157,7 +162,7 @@ Deno.test("nats kv marker copy: markers written by the previous version (no copy
 });
 
 Deno.test("nats kv marker copy: a record too large to copy, or a copy that fails the record schema, is read", async () => {
-  await using fixture = await openKvFixture();
+  await using fixture = await openKvFixture({ markerCopies: true });
   const producer = fixture.outbox();
   const large = fresh({ payload: JSON.stringify({ pad: "x".repeat(10_000) }) });
   const damaged = fresh();
@@ -182,7 +187,7 @@ Deno.test("nats kv marker copy: a record too large to copy, or a copy that fails
 });
 
 Deno.test("nats kv marker copy: failed and requeued messages' markers carry copies too", async () => {
-  await using fixture = await openKvFixture();
+  await using fixture = await openKvFixture({ markerCopies: true });
   const producer = fixture.outbox();
   const retried = fresh();
   const requeued = fresh();
@@ -217,7 +222,7 @@ Deno.test("nats kv marker copy: failed and requeued messages' markers carry copi
 });
 
 Deno.test("nats kv marker copy: a marker the bucket refuses with its copy (max_msg_size lowered since read) is written without it", async () => {
-  await using fixture = await openKvFixture();
+  await using fixture = await openKvFixture({ markerCopies: true });
   const producer = fixture.outbox();
   // A long id: a marker's copy carries it twice (the marker's and the record's), the record once.
   const longId = (tag: string) => `${tag}-${"i".repeat(700)}`;
@@ -252,7 +257,7 @@ Deno.test("nats kv marker copy: a marker the bucket refuses with its copy (max_m
 });
 
 Deno.test("nats kv marker copy: an enqueue whose record write lost its reply leaves a marker without copy, and the record is claimed", async () => {
-  await using fixture = await openKvFixture();
+  await using fixture = await openKvFixture({ markerCopies: true });
   const message = fresh();
   const recordKey = await outboxRecordKey(message.id);
   // The record write applies, its reply is lost.
@@ -271,7 +276,7 @@ Deno.test("nats kv marker copy: an enqueue whose record write lost its reply lea
 });
 
 Deno.test("nats kv marker copy: an enqueue stopped between its record and its marker is indexed by its retry, with a copy", async () => {
-  await using fixture = await openKvFixture();
+  await using fixture = await openKvFixture({ markerCopies: true });
   const message = fresh();
   const markerKey = markerKeyOf(await outboxRecordKey(message.id));
   // Every marker write fails (as if the process stopped after the record write).
@@ -299,4 +304,119 @@ Deno.test("nats kv marker copy: an enqueue stopped between its record and its ma
   const [claimed] = await relay.outbox.claimDue(10, new Date());
   assert.equal(claimed?.id, message.id);
   assert.equal(relay.gets(), 0);
+});
+
+/** Marker of `id` without its copy fields: what both configurations write alike. */
+async function markerFields(kv: KV, id: string): Promise<string[]> {
+  return Object.keys(await markerOf(kv, id) ?? {}).sort();
+}
+
+Deno.test("nats kv marker copy: off by default, enqueue sends record and marker together, the marker without a copy", async () => {
+  for (const markerCopies of [undefined, false, true]) {
+    await using fixture = await openKvFixture();
+    const message = fresh();
+    const recordKey = await outboxRecordKey(message.id);
+    const markerKey = markerKeyOf(recordKey);
+    // The order in which the two writes are issued and acknowledged.
+    const events: string[] = [];
+    const kv = intercept(fixture.kv, "create", (create) => async (key, value, ttl) => {
+      const name = key === recordKey ? "record" : key === markerKey ? "marker" : key;
+      events.push(`send ${name}`);
+      const revision = await create(key, value, ttl);
+      events.push(`ack ${name}`);
+      return revision;
+    });
+    const producer = fixture.outbox({ kv, markerCopies });
+    await producer.enqueue(fresh()); // reads the bucket's limit (copies need it)
+    events.length = 0;
+    await producer.enqueue(message);
+    const marker = await markerOf(fixture.kv, message.id);
+    if (markerCopies) {
+      assert.deepEqual(events, ["send record", "ack record", "send marker", "ack marker"]);
+      assert.ok(marker?.r !== undefined && marker.rev !== undefined, "a copy and its revision");
+    } else {
+      assert.deepEqual(events.slice(0, 2), ["send record", "send marker"], `${markerCopies}`);
+      assert.deepEqual(marker, { v: 1, id: message.id }, "as before copies");
+    }
+    // Failed marks and requeues: no copy when off.
+    const [claimed] = await producer.claimDue(10, new Date());
+    const t0 = new Date();
+    assert.equal(
+      await producer.markFailed(claimed, { error: "x", now: t0, nextAttemptAt: t0 }),
+      true,
+    );
+    assert.equal((await markerOf(fixture.kv, claimed.id))?.r !== undefined, markerCopies === true);
+    const [again] = await producer.claimDue(10, new Date(t0.getTime() + 1));
+    assert.equal(await producer.markDead(again, { error: "y", now: t0 }), true);
+    assert.equal(await producer.requeue([again.id], t0), 1);
+    assert.equal((await markerOf(fixture.kv, again.id))?.r !== undefined, markerCopies === true);
+    assert.deepEqual(
+      (await markerFields(fixture.kv, again.id)).filter((field) => field !== "r"),
+      ["id", "rev", "seq", "v"],
+    );
+  }
+});
+
+Deno.test("nats kv marker copy: a producer with copies and a relay without (and the reverse) share a bucket", async () => {
+  await using fixture = await openKvFixture();
+  const withCopies = fixture.outbox({ markerCopies: true });
+  const without = fixture.outbox();
+  const byCopier = fresh();
+  const byPlain = fresh();
+  await withCopies.enqueue(byCopier);
+  await without.enqueue(byPlain);
+  assert.ok((await markerOf(fixture.kv, byCopier.id))?.r !== undefined);
+  assert.equal((await markerOf(fixture.kv, byPlain.id))?.r, undefined);
+
+  // A relay without copies uses the copy it finds, and reads the record that has none.
+  const plainRelay = countingOutbox(fixture);
+  const claimed = await plainRelay.outbox.claimDue(10, new Date());
+  assert.deepEqual(claimed.map((m) => m.id).sort(), [byCopier.id, byPlain.id].sort());
+  assert.equal(plainRelay.gets(), 1, "only the record whose marker has no copy is read");
+  // Its failed marks write markers without copies...
+  const t0 = new Date();
+  for (const claim of claimed) {
+    assert.equal(
+      await plainRelay.outbox.markFailed(claim, { error: "x", now: t0, nextAttemptAt: t0 }),
+      true,
+    );
+    assert.equal((await markerOf(fixture.kv, claim.id))?.r, undefined);
+  }
+  // ...which a relay with copies reads; its own failed marks write copies...
+  const copyRelay = countingOutbox(fixture, { markerCopies: true });
+  const retried = await copyRelay.outbox.claimDue(10, new Date(t0.getTime() + 1));
+  assert.equal(retried.length, 2);
+  assert.ok(retried.every((m) => m.attempts === 2));
+  assert.equal(copyRelay.gets(), 2, "no copies: both records read");
+  const t1 = new Date(t0.getTime() + 2);
+  for (const claim of retried) {
+    assert.equal(
+      await copyRelay.outbox.markFailed(claim, { error: "y", now: t1, nextAttemptAt: t1 }),
+      true,
+    );
+    assert.ok((await markerOf(fixture.kv, claim.id))?.r !== undefined);
+  }
+  // ...which the relay without copies claims without reading, and settles.
+  const before = plainRelay.gets();
+  const third = await plainRelay.outbox.claimDue(10, new Date(t1.getTime() + 1));
+  assert.equal(third.length, 2);
+  assert.ok(third.every((m) => m.attempts === 3 && m.lastError === "y"));
+  assert.equal(plainRelay.gets() - before, 0, "copies used: no read");
+  assert.deepEqual(
+    await plainRelay.outbox.markMany(
+      third.map((claim) => ({ claim, state: "dispatched" as const })),
+      new Date(),
+    ),
+    [true, true],
+  );
+  assert.equal((await without.get(byCopier.id))?.state, "dispatched");
+  assert.equal((await withCopies.get(byPlain.id))?.state, "dispatched");
+});
+
+Deno.test("nats kv marker copy: markerCopies must be a boolean", async () => {
+  await using fixture = await openKvFixture();
+  assert.throws(
+    () => fixture.outbox({ markerCopies: "yes" as unknown as boolean }),
+    { name: "OutboxValidationError" },
+  );
 });

@@ -321,15 +321,17 @@ Deno.test("nats kv ordering: a claim reads heads only, whatever a key's backlog;
   assert.deepEqual((await outbox.claimDue(10, new Date())).map((m) => m.id), [heavy[1].id]);
 });
 
-for (const via of ["read", "copy"] as const) {
+for (const via of ["read", "large", "copy"] as const) {
   Deno.test(`nats kv ordering (${via}): a claim whose record read is newer than its index checks the head`, async () => {
-    await using fixture = await openKvFixture();
+    // "read": markers without copies (the default), the claim reads m2 (the race runs before the
+    // read); "large": with marker copies, m2 is too large for its marker to carry one, so the
+    // claim reads it too; "copy": with marker copies, the claim compares-and-sets m2 from its
+    // marker's copy (the race runs before that write, which then fails, and the claim reads the
+    // record).
+    await using fixture = await openKvFixture({ markerCopies: via !== "read" });
     const k = "aba";
-    // "read": m2 is too large for its marker to carry a copy, so the claim reads it (the race runs
-    // before the read); "copy": the claim compares-and-sets m2 from its marker's copy (the race
-    // runs before that write, which then fails, and the claim reads the record).
     const [m2, m3] = [
-      via === "read"
+      via === "large"
         ? keyedRecord("kor", k, { payload: JSON.stringify({ pad: "x".repeat(10_000) }) })
         : keyed(k),
       keyed(k),
@@ -375,7 +377,7 @@ for (const via of ["read", "copy"] as const) {
       assert.equal(await b.requeue([m2.id]), 1);
       setTimeout(open, 100);
     };
-    const kv = via === "read"
+    const kv = via !== "copy"
       ? intercept(watched, "get", (get) => async (key: string) => {
         if (key === recordKey && !raced) await race();
         return await get(key);
