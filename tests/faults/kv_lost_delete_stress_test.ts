@@ -10,7 +10,7 @@
  * Before idle claims handed over key heads without a marker in their index (commit 739cefb), a
  * marker delete that was lost or landed late let a peer's hand-over name a dispatched message its
  * key's head again, and no claim ever read it: 352 and 1016 messages stayed pending in two 15 s
- * runs of this scenario. `OUTBOX_FAULT_STRESS_SECONDS` sets the enqueue time (default 6).
+ * runs of this scenario. `OUTBOX_FAULT_STRESS_SECONDS` sets the enqueue time (default 5).
  */
 
 import assert from "node:assert/strict";
@@ -22,7 +22,7 @@ import { keyedRecord } from "../conformance/records.ts";
 import { intercept } from "../nats_kv_fixture.ts";
 import { connectNats, sleep, uniqueName } from "../kit/mod.ts";
 
-const seconds = Number(Deno.env.get("OUTBOX_FAULT_STRESS_SECONDS") ?? 6);
+const seconds = Number(Deno.env.get("OUTBOX_FAULT_STRESS_SECONDS") ?? 5);
 const keyCount = 20;
 const leaseMs = 150;
 const idleMs = 3_000;
