@@ -9,6 +9,7 @@
 import assert from "node:assert/strict";
 import type { NatsKvOutboxRepository, OutboxMessage, OutboxRecord } from "../mod.ts";
 import { keyedRecord } from "./conformance/records.ts";
+import { sleep } from "./kit/mod.ts";
 import {
   claimEach,
   countingKv,
@@ -89,4 +90,37 @@ Deno.test("nats kv stalled key: a dead head keeps blocking its key and idle clai
   assert.equal((counts.calls.get ?? 0) - before, 0, "idle claims do not read the dead head again");
   const blocked = await fixture.outbox().blockedKeys();
   assert.deepEqual(blocked.map((item) => [item.key, item.headId]), [[k, d.id]]);
+});
+
+Deno.test("nats kv stalled key: a dispatched head left without a marker by a late delete is handed over while every claim is full (a backlog)", async () => {
+  await using fixture = await openKvFixture();
+  const k = "busy";
+  const [d, e, f] = [keyed(k), keyed(k), keyed(k)];
+  let release: (() => Promise<void>) | undefined;
+  const { a, b } = await twoInstancesOverKey(fixture, [d, e, f], (send) => {
+    release = send;
+    return Promise.resolve();
+  });
+  const [claimD] = await a.claimDue(10, new Date());
+  assert.equal(claimD.id, d.id);
+  assert.equal(await a.markDispatched(claimD, new Date(), undefined, { sequence: 5 }), true);
+  const [claimE] = await claimEach([b, a]);
+  assert.equal(claimE?.id, e.id);
+  // b's index still holds d's marker: its hand-over from e names d (dispatched) head.
+  assert.equal(await b.markDispatched(claimE, new Date(), undefined, { sequence: 6 }), true);
+  await release!(); // no index holds d's marker any more: only a read of d's record moves the key
+  // A backlog of unkeyed messages: every claim below is full, none runs out of due messages.
+  const backlog = Array.from({ length: 40 }, () => keyedRecord("bl", undefined));
+  await a.enqueueMany(backlog);
+  await sleep(1_100); // longer than the index needs to see its own writes
+  const order: string[] = [];
+  for (let round = 0; round < 6; round++) {
+    const claimed = await a.claimDue(5, new Date());
+    assert.equal(claimed.length, 5, "a full claim: the backlog is not drained");
+    for (const message of claimed) {
+      order.push(message.id);
+      assert.equal(await a.markDispatched(message, new Date()), true);
+    }
+  }
+  assert.ok(order.includes(f.id), "f is claimed while the backlog lasts: the key did not stall");
 });

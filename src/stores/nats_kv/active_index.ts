@@ -109,9 +109,9 @@ export class ActiveIndex {
   #byKey = new Map<string, ActiveEntry[]>();
   /**
    * Ordering keys whose entry names a head that has no active entry here (see `unmarkedHeads`),
-   * with the number of sync barriers started when that began.
+   * with the number of sync barriers started when that began, and when (this process's clock).
    */
-  #unmarked = new Map<string, number>();
+  #unmarked = new Map<string, Unmarked>();
   /** Sync barriers started so far. */
   #barriersStarted = 0;
   /** The highest number (in start order) of a sync barrier that completed. */
@@ -250,15 +250,20 @@ export class ActiveIndex {
    * head through its marker, so the caller reads its record instead. Kept up to date as entries
    * come and go: costs nothing while every head has its marker.
    *
-   * With `settled`, only the keys that have been so since before a sync barrier that completed:
-   * not those this process made so a moment ago by forgetting the marker of a head it has just
-   * handed over, while its index has not seen that hand-over yet (a sync started afterwards
-   * brings it in, and the key leaves the list).
+   * With `settled`, only the keys that have been so since before a sync barrier that completed,
+   * or for {@linkcode unmarkedSettleMs} (claims that are always full run no barrier): not those
+   * this process made so a moment ago by forgetting the marker of a head it has just handed
+   * over, while its index has not seen that hand-over yet (a sync started afterwards brings it
+   * in, and the key leaves the list; a watch that lags longer costs the caller a read and a lost
+   * compare-and-set).
    */
   unmarkedHeads(settled = false): KeyState[] {
     const out: KeyState[] = [];
+    const nowMs = Date.now();
     for (const [key, since] of this.#unmarked) {
-      if (settled && since >= this.#barrierDone) continue;
+      if (
+        settled && since.barrier >= this.#barrierDone && nowMs - since.atMs < unmarkedSettleMs
+      ) continue;
       const state = this.#keyStates.get(key);
       if (state) out.push(state);
     }
@@ -550,7 +555,7 @@ export class ActiveIndex {
         this.#enqueue(head);
         this.#unmarked.delete(value.key);
       } else if (value.head !== before || !this.#unmarked.has(value.key)) {
-        this.#unmarked.set(value.key, this.#barriersStarted);
+        this.#unmarked.set(value.key, this.#unmarkedNow());
       }
     }
     if (!this.#live || value.head === undefined || value.head === before) return;
@@ -642,8 +647,13 @@ export class ActiveIndex {
     queue!.splice(at, 1);
     if (queue!.length === 0) this.#byKey.delete(entry.key);
     if (entry.id !== undefined && this.#keyStates.get(entry.key)?.value.head === entry.id) {
-      this.#unmarked.set(entry.key, this.#barriersStarted);
+      this.#unmarked.set(entry.key, this.#unmarkedNow());
     }
+  }
+
+  /** When a key's head loses its marker here: now, in barriers started and in time. */
+  #unmarkedNow(): Unmarked {
+    return { barrier: this.#barriersStarted, atMs: Date.now() };
   }
 
   #compact(): void {
@@ -652,6 +662,21 @@ export class ActiveIndex {
     this.#removedInSorted = 0;
   }
 }
+
+/** When a key's head lost its marker in the index (see `ActiveIndex.unmarkedHeads`). */
+interface Unmarked {
+  /** Sync barriers started by then. */
+  barrier: number;
+  /** This process's clock, epoch ms. */
+  atMs: number;
+}
+
+/**
+ * How long a key's head must have had no marker in the index before `unmarkedHeads(true)` lists
+ * it without a sync barrier since: far longer than a watch takes to deliver this process's own
+ * hand-over.
+ */
+const unmarkedSettleMs = 1_000;
 
 /** Inserts `entry` into `sorted` (enqueue order); usually an append. */
 function insertSorted(sorted: ActiveEntry[], entry: ActiveEntry): void {

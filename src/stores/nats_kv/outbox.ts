@@ -27,8 +27,9 @@
  * re-indexed by a duplicate `enqueue` of the same id or by {@linkcode NatsKvOutboxRepository.repair}
  * (sooner when it heads its key: see below). A key's head that has no marker in the index (a
  * settled message named head through a marker whose delete was late or lost, or an active head
- * whose marker write failed) is read by the next claim that runs out of due messages, which hands
- * the key over or writes the marker again; a dead head keeps blocking its key.
+ * whose marker write failed) is read by the next claim that runs out of due messages (under a
+ * backlog, by a full claim at most once a second), which hands the key over or writes the marker
+ * again; a dead head keeps blocking its key.
  *
  * @module
  */
@@ -304,6 +305,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * `#repairKeys`).
    */
   #quietHeads = new Map<string, number>();
+  /** When a full claim last ran `#repairKeys` (this process's clock, epoch ms). */
+  #busyRepairAtMs = 0;
   /**
    * The bucket's largest value (its stream's `max_msg_size`), read once from `kv.status()`:
    * `undefined` while unread, `0` for none (or when the KV object cannot tell).
@@ -508,6 +511,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         for (const entry of candidates) this.#inFlight.delete(entry.markerKey);
       }
       if (failures.length > 0) break;
+    }
+    // A full claim did not run out of due messages, so it did not look at the keys above: under
+    // a backlog that never drains, a key whose head has no marker would wait for it. At most
+    // once per busyRepairMs (free while every key with messages has a marked head).
+    if (claimed.length === max && Date.now() - this.#busyRepairAtMs >= busyRepairMs) {
+      this.#busyRepairAtMs = Date.now();
+      await this.#repairKeys();
     }
     // Claims that succeeded are returned even if others failed (they hold leases).
     if (claimed.length === 0 && failures.length > 0) throw failures[0];
@@ -1834,7 +1844,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /**
-   * Run by a claim that found less than it wanted (every due message taken), after its sync:
+   * Run by a claim that found less than it wanted (every due message taken), after its sync,
+   * and at most once per {@linkcode busyRepairMs} by a claim that filled its limit (a backlog):
    * keys with messages but no head are joined (see `#joinStranded`), and keys whose head has no
    * marker here are looked at (see `#checkUnmarkedHead`): a settled head named by a hand-over
    * whose marker delete reached this process only afterwards (or was lost) would otherwise stop
@@ -2164,6 +2175,12 @@ async function contention(key: string, round: number): Promise<void> {
  * claim, whose read then costs little beside the record's size.
  */
 const maxCopyRecordBytes = 8_192;
+
+/**
+ * How often (at most) a claim that filled its limit looks at the keys whose head has no marker
+ * and the keys with messages but no head, as a claim that runs out of due messages always does.
+ */
+const busyRepairMs = 1_000;
 
 /** Most records a claim reads in one round when its index hints turn out stale. */
 const maxReadAhead = 512;
