@@ -62,3 +62,32 @@ Deno.test("nats kv marker copy review: a stale copy that says not due does not h
   assert.equal(again?.id, message.id, "the due message is claimed, not hidden until the lease");
   assert.equal(again.attempts, 2);
 });
+
+// Fails on kv-fewer-ops by design (enqueue writes its marker only after the record's ack, to
+// name its revision), passes on main (record and marker issued together). Measured with a
+// producer killed (SIGKILL) at a random moment while running 64 enqueues at once: 64, 52, 0 and
+// 64 records left without a marker in 4 runs, 0 in 4 runs of main. Nothing but repair() or a
+// duplicate enqueue indexes them. Goes green once the enqueue without copies (the planned
+// default) issues both writes together again, as main does.
+Deno.test("nats kv marker copy review: a producer that dies right after its record write is acknowledged leaves a claimable message", async () => {
+  await using fixture = await openKvFixture();
+  const message = keyedRecord("mcr", undefined);
+  const recordKey = await outboxRecordKey(message.id);
+  // The process dies as the record's acknowledgement arrives: nothing it issues later is sent.
+  let dead = false;
+  const kv = intercept(fixture.kv, "create", (create) => (key, value, ttl) => {
+    if (dead) return new Promise<number>(() => {});
+    const written = create(key, value, ttl);
+    if (key === recordKey) written.then(() => dead = true, () => {});
+    return written;
+  });
+  void fixture.outbox({ kv }).enqueue(message).catch(() => {});
+  const started = Date.now();
+  while (!dead && Date.now() - started < 5_000) await new Promise((r) => setTimeout(r, 10));
+  assert.ok(dead, "the record was written");
+
+  // A relay (another process) finds the message without anyone running repair().
+  const relay = fixture.outbox({ kv: fixture.peerKv });
+  const [claimed] = await relay.claimDue(10, new Date());
+  assert.equal(claimed?.id, message.id, "the message is claimable, not stranded");
+});
