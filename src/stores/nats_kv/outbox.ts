@@ -475,6 +475,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
           }
           const dueAt = outcome.record.nextAttemptAt;
           if (outcome.record.state !== "pending" && Date.parse(dueAt!) > nowMs) {
+            if ("copied" in outcome) {
+              // Only a compare-and-set tells whether a copy is current: one that says "not due"
+              // (a marker written by repair, a requeue or a duplicate enqueue carries no due
+              // time) may be stale, the record due since. A next round reads it.
+              this.#index.dropCopy(entry.markerKey);
+              return;
+            }
             this.#index.hint(entry.markerKey, Date.parse(dueAt!), outcome.revision);
             tried.add(entry.markerKey);
           } else if (due.length < want) {
