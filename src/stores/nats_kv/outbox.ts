@@ -116,6 +116,8 @@ export interface NatsKvOutboxOptions {
    * record write still in flight must not lose its marker). Measured on the NATS server's clock
    * only: the marker's write time against the newest write time the watch has shown (the
    * claims' own sync writes keep that current), so a skewed process clock changes nothing.
+   * Also how long a claimer trusts its read of a dead key head (blocked on purpose) before it
+   * reads the record again (a retry that failed or died before writing the head's marker).
    *
    * @default {60000}
    */
@@ -268,10 +270,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   readonly #inFlight = new Set<string>();
   /**
    * Keys whose head has no marker and needs nothing done (a dead head: blocked on purpose), with
-   * the key entry revision that was read: an idle claim does not read them again (see
-   * `#repairKeys`).
+   * the key entry revision that was read and when (this process's clock): an idle claim does not
+   * read them again while the entry is unchanged, for `orphanGraceMs` (see `#repairKeys`).
    */
-  #quietHeads = new Map<string, number>();
+  #quietHeads = new Map<string, Quiet>();
   /** When a full claim last ran `#repairKeys` (this process's clock, epoch ms). */
   #busyRepairAtMs = 0;
   /**
@@ -1618,22 +1620,29 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * marker here are looked at (see `#checkUnmarkedHead`): a settled head named by a hand-over
    * whose marker delete reached this process only afterwards (or was lost) would otherwise stop
    * its key for good, since no claim reads a head without a marker. A dead head (blocked on
-   * purpose) is read once per key entry revision, so idle polls stay free. Failures are left to
-   * the next claim.
+   * purpose) is read once per key entry revision, and again `orphanGraceMs` after (a retry that
+   * made it pending and then failed or died before its marker write changes only the record,
+   * which nothing here watches), so idle polls stay nearly free. Failures are left to the next
+   * claim.
    */
   async #repairKeys(): Promise<void> {
     const unmarked = this.#index.unmarkedHeads(true);
-    const quiet = new Map<string, number>();
+    const quiet = new Map<string, Quiet>();
     const checks: Array<Promise<void>> = [];
     for (const state of unmarked) {
       const key = state.value.key;
-      if (this.#quietHeads.get(key) === state.revision) {
-        quiet.set(key, state.revision);
+      const known = this.#quietHeads.get(key);
+      if (
+        known?.revision === state.revision && Date.now() - known.atMs < this.#orphanGraceMs
+      ) {
+        quiet.set(key, known);
         continue;
       }
       checks.push(
         this.#checkUnmarkedHead(state).then((outcome) => {
-          if (outcome !== undefined) quiet.set(key, state.revision);
+          if (outcome !== undefined) {
+            quiet.set(key, { revision: state.revision, atMs: Date.now() });
+          }
         }, () => {}),
       );
     }
@@ -1936,6 +1945,14 @@ async function contention(key: string, round: number): Promise<void> {
   if (round >= maxKeyRounds) throw new NatsKvOrderingKeyError(key, round);
   if (round < 3) return;
   await new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(100, 5 * round)));
+}
+
+/** A key whose unmarked head needs nothing done, as last read (see `#repairKeys`). */
+interface Quiet {
+  /** The key entry revision it was read at. */
+  revision: number;
+  /** When (this process's clock, epoch ms). */
+  atMs: number;
 }
 
 /**
