@@ -10,15 +10,14 @@ import { intercept, openKvFixture } from "./nats_kv_fixture.ts";
 
 Deno.test("nats kv close: a claim whose sync barrier write is in flight when the repository closes fails at once, not after syncTimeoutMs", async () => {
   await using fixture = await openKvFixture();
-  let a: NatsKvOutboxRepository | undefined;
   let closing: Promise<void> | undefined;
   // The barrier's write lands after close() stopped the watch (the claim's index start).
   const kv = intercept(fixture.kv, "put", (put) => async (key, ...rest) => {
-    if (key === syncKey && closing === undefined) closing = a!.close();
+    if (key === syncKey && closing === undefined) closing = a.close();
     await closing;
     return await put(key, ...rest);
   });
-  a = fixture.outbox({ kv, syncTimeoutMs: 3_000 });
+  const a: NatsKvOutboxRepository = fixture.outbox({ kv, syncTimeoutMs: 3_000 });
   const startedMs = Date.now();
   await assert.rejects(a.claimDue(10, new Date()), /closed|stopped/);
   const elapsedMs = Date.now() - startedMs;
