@@ -154,3 +154,27 @@ Deno.test("nats kv stalled key: a dead head retried by a peer whose marker write
   }
   assert.deepEqual(claimed.map((m) => m.id), [d.id], "d is claimed again: its key did not stall");
 });
+
+Deno.test("nats kv stalled key: a dead head whose marker delete failed is listed by another process's blockedKeys()", async () => {
+  await using fixture = await openKvFixture();
+  const k = "dead-marker-left";
+  const [d, e] = [keyed(k), keyed(k)];
+  const dMarker = markerKeyOf(await outboxRecordKey(d.id));
+  let failures = 1; // the relay's marker delete after its dead mark times out (nothing applied)
+  const kv = intercept(fixture.kv, "delete", (del) => (key, ...rest) => {
+    if (key === dMarker && failures-- > 0) {
+      return Promise.reject(new Error("injected: delete timed out"));
+    }
+    return del(key, ...rest);
+  });
+  const relay = fixture.outbox({ kv });
+  await relay.enqueueMany([d, e]);
+  const [claimD] = await relay.claimDue(10, new Date());
+  assert.equal(claimD.id, d.id);
+  assert.equal(await relay.markDead(claimD, { error: "poison", now: new Date() }), true);
+  assert.deepEqual(await claimRounds([relay]), [], "the dead head blocks e");
+  // An operator's process (its index starts now: it sees whatever markers are left).
+  const admin = fixture.outbox({ kv: fixture.peerKv });
+  const blocked = await admin.blockedKeys();
+  assert.deepEqual(blocked.map((item) => [item.key, item.headId]), [[k, d.id]]);
+});

@@ -1282,10 +1282,16 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 
   /** Drops exactly the marker revision `observed`; a newer marker (a requeue's) stays. */
   async #dropMarker(markerKey: string, observed: number): Promise<void> {
+    try {
+      await this.#requests.delete(markerKey, { previousSeq: observed });
+    } catch (error) {
+      // Changed meanwhile (requeued, rescheduled): the newer marker stays, as it should. Any
+      // other failure (a timeout): the index keeps it, so a later claim reads it and deletes it
+      // again (forgotten here, a marker left in the bucket would stay for every other index:
+      // a dead head they would not list as blocked).
+      if (!isWrongLastSequence(error)) return;
+    }
     this.#index.forget(markerKey, observed);
-    await this.#requests.delete(markerKey, { previousSeq: observed }).catch(() => {
-      // Changed meanwhile (requeued, rescheduled): the newer marker stays, as it should.
-    });
   }
 
   async #settle(mark: OutboxMark, now: Date): Promise<boolean> {
@@ -1453,8 +1459,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         if (entry?.operation !== "PUT") return;
         const marker = codec.decodeMarker(entry.value);
         if (marker?.rev !== undefined && marker.rev > revision) return;
-        this.#index.forget(markerKey, entry.revision);
+        // Forgotten only once deleted: after a failed delete the marker stays in the bucket, and
+        // in this index too (due now), so the next claim here reads it and deletes it again (see
+        // `#dropMarker`).
+        this.#index.hint(markerKey, -Infinity, revision);
         await this.#requests.delete(markerKey, { previousSeq: entry.revision });
+        this.#index.forget(markerKey, entry.revision);
       }
     } catch {
       // The record is settled; a stale marker is removed by the next claim that reads it.
