@@ -473,6 +473,9 @@ export class ActiveIndex {
 
   async #wait(revision: number): Promise<void> {
     if (this.#lastRevision >= revision) return;
+    // Closed while the caller's write was in flight: no watch will deliver it (close() rejected
+    // the waiters it found, not this one).
+    if (this.#closed) throw new NatsKvIndexError("The outbox was closed");
     await new Promise<void>((resolve, reject) => {
       // Gives up only when the watch stalls: a long snapshot that keeps delivering is waited for.
       const check = () => {

@@ -124,6 +124,8 @@ export interface NatsKvOutboxOptions {
    * record write still in flight must not lose its marker). Measured on the NATS server's clock
    * only: the marker's write time against the newest write time the watch has shown (the
    * claims' own sync writes keep that current), so a skewed process clock changes nothing.
+   * Also how long a claimer trusts its read of a dead key head (blocked on purpose) before it
+   * reads the record again (a retry that failed or died before writing the head's marker).
    *
    * @default {60000}
    */
@@ -301,10 +303,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   readonly #inFlight = new Set<string>();
   /**
    * Keys whose head has no marker and needs nothing done (a dead head: blocked on purpose), with
-   * the key entry revision that was read: an idle claim does not read them again (see
-   * `#repairKeys`).
+   * the key entry revision that was read and when (this process's clock): an idle claim does not
+   * read them again while the entry is unchanged, for `orphanGraceMs` (see `#repairKeys`).
    */
-  #quietHeads = new Map<string, number>();
+  #quietHeads = new Map<string, Quiet>();
   /** When a full claim last ran `#repairKeys` (this process's clock, epoch ms). */
   #busyRepairAtMs = 0;
   /**
@@ -1504,10 +1506,16 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 
   /** Drops exactly the marker revision `observed`; a newer marker (a requeue's) stays. */
   async #dropMarker(markerKey: string, observed: number): Promise<void> {
+    try {
+      await this.#requests.delete(markerKey, { previousSeq: observed });
+    } catch (error) {
+      // Changed meanwhile (requeued, rescheduled): the newer marker stays, as it should. Any
+      // other failure (a timeout): the index keeps it, so a later claim reads it and deletes it
+      // again (forgotten here, a marker left in the bucket would stay for every other index:
+      // a dead head they would not list as blocked).
+      if (!isWrongLastSequence(error)) return;
+    }
     this.#index.forget(markerKey, observed);
-    await this.#requests.delete(markerKey, { previousSeq: observed }).catch(() => {
-      // Changed meanwhile (requeued, rescheduled): the newer marker stays, as it should.
-    });
   }
 
   async #settle(mark: OutboxMark, now: Date): Promise<boolean> {
@@ -1679,8 +1687,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         if (entry?.operation !== "PUT") return;
         const marker = codec.decodeMarker(entry.value);
         if (marker?.rev !== undefined && marker.rev > revision) return;
-        this.#index.forget(markerKey, entry.revision);
+        // Forgotten only once deleted: after a failed delete the marker stays in the bucket, and
+        // in this index too (due now), so the next claim here reads it and deletes it again (see
+        // `#dropMarker`).
+        this.#index.hint(markerKey, -Infinity, revision);
         await this.#requests.delete(markerKey, { previousSeq: entry.revision });
+        this.#index.forget(markerKey, entry.revision);
       }
     } catch {
       // The record is settled; a stale marker is removed by the next claim that reads it.
@@ -1857,22 +1869,29 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * marker here are looked at (see `#checkUnmarkedHead`): a settled head named by a hand-over
    * whose marker delete reached this process only afterwards (or was lost) would otherwise stop
    * its key for good, since no claim reads a head without a marker. A dead head (blocked on
-   * purpose) is read once per key entry revision, so idle polls stay free. Failures are left to
-   * the next claim.
+   * purpose) is read once per key entry revision, and again `orphanGraceMs` after (a retry that
+   * made it pending and then failed or died before its marker write changes only the record,
+   * which nothing here watches), so idle polls stay nearly free. Failures are left to the next
+   * claim.
    */
   async #repairKeys(): Promise<void> {
     const unmarked = this.#index.unmarkedHeads(true);
-    const quiet = new Map<string, number>();
+    const quiet = new Map<string, Quiet>();
     const checks: Array<Promise<void>> = [];
     for (const state of unmarked) {
       const key = state.value.key;
-      if (this.#quietHeads.get(key) === state.revision) {
-        quiet.set(key, state.revision);
+      const known = this.#quietHeads.get(key);
+      if (
+        known?.revision === state.revision && Date.now() - known.atMs < this.#orphanGraceMs
+      ) {
+        quiet.set(key, known);
         continue;
       }
       checks.push(
         this.#checkUnmarkedHead(state).then((outcome) => {
-          if (outcome !== undefined) quiet.set(key, state.revision);
+          if (outcome !== undefined) {
+            quiet.set(key, { revision: state.revision, atMs: Date.now() });
+          }
         }, () => {}),
       );
     }
@@ -2175,6 +2194,14 @@ async function contention(key: string, round: number): Promise<void> {
   if (round >= maxKeyRounds) throw new NatsKvOrderingKeyError(key, round);
   if (round < 3) return;
   await new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(100, 5 * round)));
+}
+
+/** A key whose unmarked head needs nothing done, as last read (see `#repairKeys`). */
+interface Quiet {
+  /** The key entry revision it was read at. */
+  revision: number;
+  /** When (this process's clock, epoch ms). */
+  atMs: number;
 }
 
 /**
