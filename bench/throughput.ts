@@ -9,7 +9,7 @@
  *
  * Options (all optional): `--count=20000` messages per throughput scenario, `--window=256`
  * PubAcks in flight for raw publishing, `--rounds=3` (every scenario runs once per round, rounds
- * interleave, the table shows medians), `--only=a,p,b,pg,pg-keys,pg-1key,sqlite,sqlite-normal,sqlite-worker,sqlite-worker-normal,kv,memory,otel-api,otel-sdk,
+ * interleave, the table shows medians), `--only=a,p,b,pg,pg-keys,pg-1key,sqlite,sqlite-normal,sqlite-worker,sqlite-worker-normal,kv,kv-copies,memory,otel-api,otel-sdk,
  * p-r1,p-r3,pg-r1,pg-r3,latency,rss` (a subset; the `-r1`/`-r3` scenarios run on a private
  * 3-node cluster started through the test kit, see below), `--latency-seconds=20`, `--latency-rate=1000`, `--latency-rounds=2`
  * (runs per wake-up mode, alternating which runs first), `--rss-count=100000`,
@@ -297,6 +297,47 @@ async function main(): Promise<void> {
     };
   }
 
+  /**
+   * The NATS KV relay; `markerCopies`: producer and relay write markers with copies of their
+   * records (`NatsKvOutboxOptions.markerCopies`), so claims read no record.
+   */
+  function kvScenario(id: string, label: string, markerCopies: boolean): Scenario {
+    return {
+      id,
+      label,
+      async prepare() {
+        const s = await stream();
+        const bucket = uniqueName("outbox_bench_tp");
+        const kv = await createOutboxBucket(new Kvm(nc), bucket);
+        const outbox = new NatsKvOutboxRepository(kv, { markerCopies });
+        await enqueueAll(outbox, records(uniqueName("m"), s.prefix, count));
+        await outbox.close();
+        const config: OutboxDispatchConfig = {
+          natsUrl: nats,
+          store: "nats-kv",
+          count,
+          telemetry: "off",
+          bucket,
+          markerCopies,
+        };
+        return {
+          file: "outbox_dispatch.ts",
+          config,
+          async finish() {
+            const check = new NatsKvOutboxRepository(kv);
+            const stats = await check.stats();
+            await check.close();
+            await kv.destroy();
+            if (stats.dispatched !== count) {
+              throw new Error(`${stats.dispatched} of ${count} dispatched`);
+            }
+            await s.verify(count);
+          },
+        };
+      },
+    };
+  }
+
   function dispatcherScenario(
     id: string,
     label: string,
@@ -490,39 +531,12 @@ async function main(): Promise<void> {
       "NORMAL",
       true,
     ),
-    {
-      id: "kv",
-      label: "(c) OutboxDispatcher, NATS KV",
-      async prepare() {
-        const s = await stream();
-        const bucket = uniqueName("outbox_bench_tp");
-        const kv = await createOutboxBucket(new Kvm(nc), bucket);
-        const outbox = new NatsKvOutboxRepository(kv);
-        await enqueueAll(outbox, records(uniqueName("m"), s.prefix, count));
-        await outbox.close();
-        const config: OutboxDispatchConfig = {
-          natsUrl: nats,
-          store: "nats-kv",
-          count,
-          telemetry: "off",
-          bucket,
-        };
-        return {
-          file: "outbox_dispatch.ts",
-          config,
-          async finish() {
-            const check = new NatsKvOutboxRepository(kv);
-            const stats = await check.stats();
-            await check.close();
-            await kv.destroy();
-            if (stats.dispatched !== count) {
-              throw new Error(`${stats.dispatched} of ${count} dispatched`);
-            }
-            await s.verify(count);
-          },
-        };
-      },
-    },
+    kvScenario("kv", "(c) OutboxDispatcher, NATS KV", false),
+    kvScenario(
+      "kv-copies",
+      "(c) OutboxDispatcher, NATS KV, markerCopies (markers carry their records)",
+      true,
+    ),
     {
       id: "memory",
       label: "(c') OutboxDispatcher, memory store (engine only; enqueued in-process)",

@@ -116,47 +116,55 @@ Deno.test("nats kv fence: an invalid sequence is refused before any mark of the 
   assert.equal((await outbox.get(b.id))?.state, "claimed");
 });
 
-Deno.test("nats kv fence: a hand-over finished later (lost write, claim heals it) keeps the mark's sequence; the claim reads nothing more", async () => {
-  await using fixture = await openKvFixture();
-  const k = "fence-heal";
-  const [a, b, c] = [keyed(k), keyed(k), keyed(k)];
-  let failed = false;
-  let armed = false;
-  // The hand-over's write of the key entry fails once (not applied).
-  const kv: KV = new Proxy(fixture.kv, {
-    get(target, property) {
-      const value = Reflect.get(target, property, target);
-      if (property !== "update" || typeof value !== "function") {
-        return typeof value === "function" ? value.bind(target) : value;
-      }
-      return (key: string, data: Uint8Array, revision: number) => {
-        if (key.startsWith(`${keyEntryPrefix}.`) && armed && !failed) {
-          failed = true;
-          return Promise.reject(new Error("connection lost (simulated)"));
+for (const markerCopies of [false, true]) {
+  Deno.test(`nats kv fence${markerCopies ? " (marker copies)" : ""}: a hand-over finished later (lost write, claim heals it) keeps the mark's sequence; the claim reads nothing more`, async () => {
+    await using fixture = await openKvFixture({ markerCopies });
+    const k = "fence-heal";
+    const [a, b, c] = [keyed(k), keyed(k), keyed(k)];
+    let failed = false;
+    let armed = false;
+    // The hand-over's write of the key entry fails once (not applied).
+    const kv: KV = new Proxy(fixture.kv, {
+      get(target, property) {
+        const value = Reflect.get(target, property, target);
+        if (property !== "update" || typeof value !== "function") {
+          return typeof value === "function" ? value.bind(target) : value;
         }
-        return value.call(target, key, data, revision);
-      };
-    },
+        return (key: string, data: Uint8Array, revision: number) => {
+          if (key.startsWith(`${keyEntryPrefix}.`) && armed && !failed) {
+            failed = true;
+            return Promise.reject(new Error("connection lost (simulated)"));
+          }
+          return value.call(target, key, data, revision);
+        };
+      },
+    });
+    const outbox = fixture.outbox({ kv });
+    await outbox.enqueueMany([a, b, c]);
+    const now = new Date();
+    const [claimA] = await outbox.claimDue(10, now);
+    armed = true;
+    assert.equal(await outbox.markDispatched(claimA, now, undefined, { sequence: 1234 }), true);
+    assert.ok(failed);
+    // The next claim finds the head's marker, its record dispatched: it hands over (with the
+    // sequence the mark recorded), then claims b.
+    const counts = newCounts();
+    const peer = fixture.outbox({ kv: countingKv(fixture.peerKv, counts) });
+    const claimB = await claimOnly(peer, b.id, new Date());
+    assert.equal(claimB.keySequence, 1234);
+    await peer.markDispatched(claimB, new Date(), undefined, { sequence: 1300 });
+    const before = counts.calls.get ?? 0;
+    const claimC = await claimOnly(peer, c.id, new Date());
+    assert.equal(claimC.keySequence, 1300);
+    // The sequence comes with the key entry the index holds; with copies, c's marker carries its
+    // record too.
+    assert.equal(
+      (counts.calls.get ?? 0) - before,
+      markerCopies ? 0 : 1,
+      markerCopies ? "no read" : "one read: c's record (the sequence is free)",
+    );
   });
-  const outbox = fixture.outbox({ kv });
-  await outbox.enqueueMany([a, b, c]);
-  const now = new Date();
-  const [claimA] = await outbox.claimDue(10, now);
-  armed = true;
-  assert.equal(await outbox.markDispatched(claimA, now, undefined, { sequence: 1234 }), true);
-  assert.ok(failed);
-  // The next claim finds the head's marker, its record dispatched: it hands over (with the
-  // sequence the mark recorded), then claims b.
-  const counts = newCounts();
-  const peer = fixture.outbox({ kv: countingKv(fixture.peerKv, counts) });
-  const claimB = await claimOnly(peer, b.id, new Date());
-  assert.equal(claimB.keySequence, 1234);
-  await peer.markDispatched(claimB, new Date(), undefined, { sequence: 1300 });
-  const before = counts.calls.get ?? 0;
-  const claimC = await claimOnly(peer, c.id, new Date());
-  assert.equal(claimC.keySequence, 1300);
-  assert.equal((counts.calls.get ?? 0) - before, 1, "one read: c's record (the sequence is free)");
-});
+}
 
 Deno.test("nats kv fence: skipping a dead head releases the next message without a sequence", async () => {
   await using fixture = await openKvFixture();

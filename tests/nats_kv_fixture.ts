@@ -96,8 +96,12 @@ export interface KvFixture extends AsyncDisposable {
   close(): Promise<void>;
 }
 
-/** Creates unique outbox and inbox buckets, opened on two connections. */
-export async function openKvFixture(): Promise<KvFixture> {
+/**
+ * Creates unique outbox and inbox buckets, opened on two connections. `defaults`: options of
+ * every outbox repository the fixture opens (a test's own options win), e.g.
+ * `{ markerCopies: true }`.
+ */
+export async function openKvFixture(defaults: NatsKvOutboxOptions = {}): Promise<KvFixture> {
   const nc = await connectNats();
   const peerNc = await connectNats();
   const outboxBucket = uniqueName("kvo");
@@ -127,7 +131,7 @@ export async function openKvFixture(): Promise<KvFixture> {
     inboxKv,
     peerInboxKv,
     outbox(options = {}) {
-      const repository = new NatsKvOutboxRepository(options.kv ?? kv, options);
+      const repository = new NatsKvOutboxRepository(options.kv ?? kv, { ...defaults, ...options });
       repositories.push(repository);
       return repository;
     },

@@ -321,42 +321,52 @@ Deno.test("nats kv ordering: a claim reads heads only, whatever a key's backlog;
   assert.deepEqual((await outbox.claimDue(10, new Date())).map((m) => m.id), [heavy[1].id]);
 });
 
-Deno.test("nats kv ordering: a claim whose record read is newer than its index checks the head", async () => {
-  await using fixture = await openKvFixture();
-  const k = "aba";
-  const [m2, m3] = [keyed(k), keyed(k)];
-  const recordKey = await outboxRecordKey(m2.id);
-  const b = fixture.outbox({ kv: fixture.peerKv });
-  await b.enqueueMany([m2, m3]);
-  let raced = false;
-  // This instance's index knows m2 as the head. Before its read of m2's record, the other
-  // instance claims m2, dead-letters it, skips it (m3 heads the key) and requeues it (m2 waits
-  // behind m3): the record this claim reads is pending again, newer than what its index knew.
-  // Its watch is held meanwhile (released shortly after the read), so its index is behind the
-  // record it reads.
-  let gate: Promise<void> | undefined;
-  const watched = intercept(fixture.kv, "watch", (watch) => async (options) => {
-    const iterator = await watch(options);
-    const source = iterator[Symbol.asyncIterator]();
-    return new Proxy(iterator, {
-      get(target, property) {
-        if (property === Symbol.asyncIterator) {
-          return () => ({
-            next: async () => {
-              const item = await source.next();
-              await gate;
-              return item;
-            },
-            return: source.return?.bind(source),
-          });
-        }
-        const value = Reflect.get(target, property, target);
-        return typeof value === "function" ? value.bind(target) : value;
-      },
+for (const via of ["read", "large", "copy"] as const) {
+  Deno.test(`nats kv ordering (${via}): a claim whose record read is newer than its index checks the head`, async () => {
+    // "read": markers without copies (the default), the claim reads m2 (the race runs before the
+    // read); "large": with marker copies, m2 is too large for its marker to carry one, so the
+    // claim reads it too; "copy": with marker copies, the claim compares-and-sets m2 from its
+    // marker's copy (the race runs before that write, which then fails, and the claim reads the
+    // record).
+    await using fixture = await openKvFixture({ markerCopies: via !== "read" });
+    const k = "aba";
+    const [m2, m3] = [
+      via === "large"
+        ? keyedRecord("kor", k, { payload: JSON.stringify({ pad: "x".repeat(10_000) }) })
+        : keyed(k),
+      keyed(k),
+    ];
+    const recordKey = await outboxRecordKey(m2.id);
+    const b = fixture.outbox({ kv: fixture.peerKv });
+    await b.enqueueMany([m2, m3]);
+    let raced = false;
+    // This instance's index knows m2 as the head. Before its read of m2's record, the other
+    // instance claims m2, dead-letters it, skips it (m3 heads the key) and requeues it (m2 waits
+    // behind m3): the record this claim reads is pending again, newer than what its index knew.
+    // Its watch is held meanwhile (released shortly after the read), so its index is behind the
+    // record it reads.
+    let gate: Promise<void> | undefined;
+    const watched = intercept(fixture.kv, "watch", (watch) => async (options) => {
+      const iterator = await watch(options);
+      const source = iterator[Symbol.asyncIterator]();
+      return new Proxy(iterator, {
+        get(target, property) {
+          if (property === Symbol.asyncIterator) {
+            return () => ({
+              next: async () => {
+                const item = await source.next();
+                await gate;
+                return item;
+              },
+              return: source.return?.bind(source),
+            });
+          }
+          const value = Reflect.get(target, property, target);
+          return typeof value === "function" ? value.bind(target) : value;
+        },
+      });
     });
-  });
-  const kv = intercept(watched, "get", (get) => async (key: string) => {
-    if (key === recordKey && !raced) {
+    const race = async () => {
       raced = true;
       let open = () => {};
       gate = new Promise<void>((resolve) => (open = resolve));
@@ -366,17 +376,29 @@ Deno.test("nats kv ordering: a claim whose record read is newer than its index c
       assert.equal(await b.unblockKey(k, { action: "skip" }), true);
       assert.equal(await b.requeue([m2.id]), 1);
       setTimeout(open, 100);
-    }
-    return await get(key);
+    };
+    const kv = via !== "copy"
+      ? intercept(watched, "get", (get) => async (key: string) => {
+        if (key === recordKey && !raced) await race();
+        return await get(key);
+      })
+      : intercept(watched, "update", (update) => async (key: string, value, revision) => {
+        if (key === recordKey && !raced) await race();
+        return await update(key, value, revision);
+      });
+    const a = fixture.outbox({ kv });
+    await (await a.watch(() => {}))(); // starts the index: m2 heads the key
+    const claims = await a.claimDue(10, new Date());
+    assert.ok(raced);
+    assert.ok(!claims.some((m) => m.id === m2.id), "m2 is no longer the head: not claimed");
+    const all = [
+      ...claims,
+      ...await b.claimDue(10, new Date()),
+      ...await a.claimDue(10, new Date()),
+    ];
+    assert.deepEqual(all.map((m) => m.id), [m3.id], "m3 alone heads the key");
   });
-  const a = fixture.outbox({ kv });
-  await (await a.watch(() => {}))(); // starts the index: m2 heads the key
-  const claims = await a.claimDue(10, new Date());
-  assert.ok(raced);
-  assert.ok(!claims.some((m) => m.id === m2.id), "m2 is no longer the head: not claimed");
-  const all = [...claims, ...await b.claimDue(10, new Date()), ...await a.claimDue(10, new Date())];
-  assert.deepEqual(all.map((m) => m.id), [m3.id], "m3 alone heads the key");
-});
+}
 
 /** `kv` whose watches can be held (entries wait) and released, to keep an index behind. */
 function holdableWatch(kv: KV): { kv: KV; hold(): void; release(): void } {

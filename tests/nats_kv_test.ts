@@ -460,80 +460,89 @@ Deno.test("nats kv: stats, listDead and prune finish while another process keeps
   }
 });
 
-Deno.test("nats kv: claim work does not grow with dispatched messages kept in the bucket", async () => {
-  await using fixture = await openKvFixture();
-  const filler = fixture.outbox();
-  const dispatched = 10_000;
-  const now = new Date();
-  for (let done = 0; done < dispatched; done += 500) {
-    await filler.enqueueMany(Array.from({ length: 500 }, () => record()));
-    const claims = await filler.claimDue(500, now);
-    assert.equal(claims.length, 500);
-    await filler.markMany(claims.map((claim) => ({ claim, state: "dispatched" as const })), now);
-  }
-  await using empty = await openKvFixture();
+for (const markerCopies of [false, true]) {
+  const copies = markerCopies ? " (marker copies)" : "";
+  Deno.test(`nats kv${copies}: claim work does not grow with dispatched messages kept in the bucket`, async () => {
+    await using fixture = await openKvFixture({ markerCopies });
+    const filler = fixture.outbox();
+    const dispatched = 10_000;
+    const now = new Date();
+    for (let done = 0; done < dispatched; done += 500) {
+      await filler.enqueueMany(Array.from({ length: 500 }, () => record()));
+      const claims = await filler.claimDue(500, now);
+      assert.equal(claims.length, 500);
+      await filler.markMany(claims.map((claim) => ({ claim, state: "dispatched" as const })), now);
+    }
+    await using empty = await openKvFixture({ markerCopies });
 
-  async function measure(kv: typeof fixture.kv) {
+    async function measure(kv: typeof fixture.kv) {
+      const counts = newCounts();
+      const outbox = (kv === fixture.kv ? fixture : empty).outbox({ kv: countingKv(kv, counts) });
+      await outbox.enqueueMany(Array.from({ length: 10 }, () => record()));
+      const startup = { ...counts, calls: { ...counts.calls } };
+      // First claim: starts the watch (its snapshot replays marker tombstones not yet pruned).
+      const first = await outbox.claimDue(5, now);
+      const afterFirst = {
+        ops: operations(counts),
+        watched: counts.watched,
+        calls: { ...counts.calls },
+      };
+      // Steady state: the next claim.
+      const second = await outbox.claimDue(5, now);
+      const steadyOps = operations(counts) - afterFirst.ops;
+      const steadyGets = (counts.calls.get ?? 0) - (afterFirst.calls.get ?? 0);
+      assert.equal(first.length, 5);
+      assert.equal(second.length, 5);
+      return {
+        enqueueOps: operations(startup),
+        firstClaimOps: afterFirst.ops - operations(startup),
+        firstClaimWatched: afterFirst.watched,
+        steadyOps,
+        steadyGets,
+      };
+    }
+
+    const big = await measure(fixture.kv);
+    const small = await measure(empty.kv);
+    console.log(`claim work, 0 dispatched: ${JSON.stringify(small)}`);
+    console.log(`claim work, ${dispatched} dispatched: ${JSON.stringify(big)}`);
+    // With copies, their markers carry the records: a claim of 5 fresh messages reads none of them.
+    assert.equal(big.steadyGets, markerCopies ? 0 : 5, "a claim of 5 reads 5 records, or none");
+    assert.equal(big.steadyOps, small.steadyOps);
+    assert.equal(big.firstClaimOps, small.firstClaimOps);
+
+    // Retention removes the records and their marker tombstones: a new claimer's snapshot is small.
+    const pruned = await filler.prune({ dispatchedBefore: new Date(Date.now() + 60_000) });
+    assert.equal(pruned.dispatched, dispatched);
+    const after = await measure(fixture.kv);
+    console.log(`claim work after prune: ${JSON.stringify(after)}`);
+    assert.ok(after.firstClaimWatched < 50, `snapshot replayed ${after.firstClaimWatched} entries`);
+  });
+
+  Deno.test(`nats kv${copies}: a starting claimer learns other claimers' leases once`, async () => {
+    await using fixture = await openKvFixture({ markerCopies });
+    const busy = fixture.outbox();
+    await busy.enqueueMany(Array.from({ length: 200 }, () => record()));
+    const now = new Date();
+    assert.equal((await busy.claimDue(200, now, { leaseMs: 600_000 })).length, 200);
+    const fresh = Array.from({ length: 10 }, () => record());
+    await busy.enqueueMany(fresh);
     const counts = newCounts();
-    const outbox = (kv === fixture.kv ? fixture : empty).outbox({ kv: countingKv(kv, counts) });
-    await outbox.enqueueMany(Array.from({ length: 10 }, () => record()));
-    const startup = { ...counts, calls: { ...counts.calls } };
-    // First claim: starts the watch (its snapshot replays marker tombstones not yet pruned).
-    const first = await outbox.claimDue(5, now);
-    const afterFirst = {
-      ops: operations(counts),
-      watched: counts.watched,
-      calls: { ...counts.calls },
-    };
-    // Steady state: the next claim.
-    const second = await outbox.claimDue(5, now);
-    const steadyOps = operations(counts) - afterFirst.ops;
-    const steadyGets = (counts.calls.get ?? 0) - (afterFirst.calls.get ?? 0);
-    assert.equal(first.length, 5);
-    assert.equal(second.length, 5);
-    return {
-      enqueueOps: operations(startup),
-      firstClaimOps: afterFirst.ops - operations(startup),
-      firstClaimWatched: afterFirst.watched,
-      steadyOps,
-      steadyGets,
-    };
-  }
-
-  const big = await measure(fixture.kv);
-  const small = await measure(empty.kv);
-  console.log(`claim work, 0 dispatched: ${JSON.stringify(small)}`);
-  console.log(`claim work, ${dispatched} dispatched: ${JSON.stringify(big)}`);
-  assert.equal(big.steadyGets, 5, "a claim of 5 reads 5 records");
-  assert.equal(big.steadyOps, small.steadyOps);
-  assert.equal(big.firstClaimOps, small.firstClaimOps);
-
-  // Retention removes the records and their marker tombstones: a new claimer's snapshot is small.
-  const pruned = await filler.prune({ dispatchedBefore: new Date(Date.now() + 60_000) });
-  assert.equal(pruned.dispatched, dispatched);
-  const after = await measure(fixture.kv);
-  console.log(`claim work after prune: ${JSON.stringify(after)}`);
-  assert.ok(after.firstClaimWatched < 50, `snapshot replayed ${after.firstClaimWatched} entries`);
-});
-
-Deno.test("nats kv: a starting claimer learns other claimers' leases once", async () => {
-  await using fixture = await openKvFixture();
-  const busy = fixture.outbox();
-  await busy.enqueueMany(Array.from({ length: 200 }, () => record()));
-  const now = new Date();
-  assert.equal((await busy.claimDue(200, now, { leaseMs: 600_000 })).length, 200);
-  const fresh = Array.from({ length: 10 }, () => record());
-  await busy.enqueueMany(fresh);
-  const counts = newCounts();
-  const starting = fixture.outbox({ kv: countingKv(fixture.peerKv, counts) });
-  // Its index cannot know the 200 leases yet: it reads them once (a few rounds, read-ahead).
-  assert.deepEqual(ids(await starting.claimDue(5, now)), ids(fresh.slice(0, 5)));
-  console.log(`first claim next to 200 foreign leases: ${counts.calls.get} reads`);
-  assert.ok((counts.calls.get ?? 0) <= 210, `first claim read ${counts.calls.get} records`);
-  const before = counts.calls.get ?? 0;
-  assert.deepEqual(ids(await starting.claimDue(5, now)), ids(fresh.slice(5)));
-  assert.equal((counts.calls.get ?? 0) - before, 5, "then only what it claims");
-});
+    const starting = fixture.outbox({ kv: countingKv(fixture.peerKv, counts) });
+    // Its index cannot know the 200 leases yet: it reads them once (a few rounds, read-ahead).
+    assert.deepEqual(ids(await starting.claimDue(5, now)), ids(fresh.slice(0, 5)));
+    console.log(`first claim next to 200 foreign leases: ${counts.calls.get} reads`);
+    assert.ok((counts.calls.get ?? 0) <= 210, `first claim read ${counts.calls.get} records`);
+    const before = counts.calls.get ?? 0;
+    assert.deepEqual(ids(await starting.claimDue(5, now)), ids(fresh.slice(5)));
+    // Then only what it claims; with copies nothing: those markers carry their records.
+    assert.equal(
+      (counts.calls.get ?? 0) - before,
+      markerCopies ? 0 : 5,
+      "then only what it claims (with copies, nothing)",
+    );
+  });
+}
 
 Deno.test("nats kv: prune on a KV object without stream access leaves tombstones only", async () => {
   await using fixture = await openKvFixture();

@@ -52,6 +52,8 @@ export interface OutboxDispatchConfig {
   /** SQLite: the relay's statements on a worker thread (`sqliteWorkerExecutor`). */
   sqliteWorker?: boolean;
   bucket?: string;
+  /** nats-kv: the relay's repository writes markers with copies of their records. */
+  markerCopies?: boolean;
   /** memory: subject prefix and id tag of the messages to enqueue here. */
   prefix?: string;
   tag?: string;
@@ -97,7 +99,10 @@ if (import.meta.main) {
       break;
     }
     case "nats-kv": {
-      const repository = new NatsKvOutboxRepository(await new Kvm(nc).open(config.bucket!));
+      const repository = new NatsKvOutboxRepository(
+        await new Kvm(nc).open(config.bucket!),
+        config.markerCopies ? { markerCopies: true } : {},
+      );
       // The claim index is built from a watch on the markers once per process: do it before
       // the clock starts, as a long-running dispatcher would have long done.
       const started = performance.now();

@@ -15,7 +15,7 @@ import type { KV, KvWatchEntry } from "@nats-io/kv";
 import { KvRequests } from "./kv_requests.ts";
 import { NatsKvIndexError } from "./errors.ts";
 import { decodeToken, isKeyEntryKey, markerPrefix, recordKeyOf, syncKey, tokenOf } from "./keys.ts";
-import { type KeyEntry, type RecordCodec, recordCodec } from "./records.ts";
+import { type KeyEntry, type Marker, type RecordCodec, recordCodec } from "./records.ts";
 
 /** One active message as the index knows it. */
 export interface ActiveEntry {
@@ -37,6 +37,11 @@ export interface ActiveEntry {
   hintRevision: number;
   /** The message's ordering key, from the marker. */
   key?: string;
+  /**
+   * The marker's copy of the record and the record revision it is (`Marker.r`, `Marker.rev`),
+   * kept while nothing newer is known about the record (see `ActiveIndex.copyOf`).
+   */
+  copy?: RecordCopy;
   removed: boolean;
   /**
    * Whether the entry is in the claim's FIFO: unkeyed entries always, keyed ones once they head
@@ -45,6 +50,19 @@ export interface ActiveEntry {
    */
   queued?: boolean;
 }
+
+/** A marker's copy of its record (not validated yet), the revision it is, and its size. */
+export interface RecordCopy {
+  revision: number;
+  record: unknown;
+  bytes: number;
+}
+
+/**
+ * Most bytes of marker values whose record copies the index keeps: beyond it (a large backlog)
+ * markers are indexed without their copy, and claims read those records.
+ */
+export const maxCopyBytes = 32 * 1024 * 1024;
 
 /** An ordering key's entry as the index last saw it. */
 export interface KeyState {
@@ -91,9 +109,9 @@ export class ActiveIndex {
   #byKey = new Map<string, ActiveEntry[]>();
   /**
    * Ordering keys whose entry names a head that has no active entry here (see `unmarkedHeads`),
-   * with the number of sync barriers started when that began.
+   * with the number of sync barriers started when that began, and when (this process's clock).
    */
-  #unmarked = new Map<string, number>();
+  #unmarked = new Map<string, Unmarked>();
   /** Sync barriers started so far. */
   #barriersStarted = 0;
   /** The highest number (in start order) of a sync barrier that completed. */
@@ -111,6 +129,8 @@ export class ActiveIndex {
   /** The rebuild under way (`restart`), while it runs. */
   #restarting: Promise<void> | undefined;
   #listeners = new Set<(work: ActiveWork) => void>();
+  /** Bytes of the marker values whose copies the entries keep. */
+  #copyBytes = 0;
 
   constructor(kv: KV, syncTimeoutMs: number) {
     this.#kv = kv;
@@ -230,15 +250,20 @@ export class ActiveIndex {
    * head through its marker, so the caller reads its record instead. Kept up to date as entries
    * come and go: costs nothing while every head has its marker.
    *
-   * With `settled`, only the keys that have been so since before a sync barrier that completed:
-   * not those this process made so a moment ago by forgetting the marker of a head it has just
-   * handed over, while its index has not seen that hand-over yet (a sync started afterwards
-   * brings it in, and the key leaves the list).
+   * With `settled`, only the keys that have been so since before a sync barrier that completed,
+   * or for {@linkcode unmarkedSettleMs} (claims that are always full run no barrier): not those
+   * this process made so a moment ago by forgetting the marker of a head it has just handed
+   * over, while its index has not seen that hand-over yet (a sync started afterwards brings it
+   * in, and the key leaves the list; a watch that lags longer costs the caller a read and a lost
+   * compare-and-set).
    */
   unmarkedHeads(settled = false): KeyState[] {
     const out: KeyState[] = [];
+    const nowMs = Date.now();
     for (const [key, since] of this.#unmarked) {
-      if (settled && since >= this.#barrierDone) continue;
+      if (
+        settled && since.barrier >= this.#barrierDone && nowMs - since.atMs < unmarkedSettleMs
+      ) continue;
       const state = this.#keyStates.get(key);
       if (state) out.push(state);
     }
@@ -279,6 +304,38 @@ export class ActiveIndex {
     if (!entry || recordRevision < entry.hintRevision) return;
     entry.dueMs = dueMs;
     entry.hintRevision = recordRevision;
+    if (entry.copy !== undefined && recordRevision > entry.copy.revision) this.#dropCopy(entry);
+  }
+
+  /**
+   * The marker's copy of the entry's record (`Marker.r`) while it is the newest revision of the
+   * record this index knows of (a claim, a mark or a newer marker since drop it); `undefined`
+   * otherwise. Still only as good as a read: the caller's compare-and-set on its revision fails
+   * when the record changed since.
+   */
+  copyOf(entry: ActiveEntry): RecordCopy | undefined {
+    const copy = entry.copy;
+    return copy !== undefined && entry.hintRevision <= copy.revision ? copy : undefined;
+  }
+
+  /** Forgets the entry's record copy (a compare-and-set on its revision failed). */
+  dropCopy(markerKey: string): void {
+    const entry = this.#entries.get(markerKey);
+    if (entry) this.#dropCopy(entry);
+  }
+
+  #dropCopy(entry: ActiveEntry): void {
+    if (entry.copy === undefined) return;
+    this.#copyBytes -= entry.copy.bytes;
+    entry.copy = undefined;
+  }
+
+  /** The copy a marker carries, if it has one and the budget has room for it. */
+  #copyIn(marker: Marker | undefined, bytes: number): RecordCopy | undefined {
+    if (marker?.r === undefined || marker.rev === undefined) return undefined;
+    if (this.#copyBytes + bytes > maxCopyBytes) return undefined;
+    this.#copyBytes += bytes;
+    return { revision: marker.rev, record: marker.r, bytes };
   }
 
   /**
@@ -350,6 +407,7 @@ export class ActiveIndex {
     this.#keyOfEntry = new Map();
     this.#byKey = new Map();
     this.#unmarked = new Map();
+    this.#copyBytes = 0;
     this.#lastRevision = 0;
     this.#live = false;
     const iterator = await this.#kv.watch({ key: `${markerPrefix}.>` });
@@ -415,6 +473,9 @@ export class ActiveIndex {
 
   async #wait(revision: number): Promise<void> {
     if (this.#lastRevision >= revision) return;
+    // Closed while the caller's write was in flight: no watch will deliver it (close() rejected
+    // the waiters it found, not this one).
+    if (this.#closed) throw new NatsKvIndexError("The outbox was closed");
     await new Promise<void>((resolve, reject) => {
       // Gives up only when the watch stalls: a long snapshot that keeps delivering is waited for.
       const check = () => {
@@ -497,7 +558,7 @@ export class ActiveIndex {
         this.#enqueue(head);
         this.#unmarked.delete(value.key);
       } else if (value.head !== before || !this.#unmarked.has(value.key)) {
-        this.#unmarked.set(value.key, this.#barriersStarted);
+        this.#unmarked.set(value.key, this.#unmarkedNow());
       }
     }
     if (!this.#live || value.head === undefined || value.head === before) return;
@@ -525,11 +586,14 @@ export class ActiveIndex {
       if (watched.revision < known.markerRevision) return;
       known.markerRevision = watched.revision;
       known.markerWrittenMs = watched.created.getTime();
+      // A rewritten marker replaces the copy (a newer one, or none).
+      this.#dropCopy(known);
+      const copy = this.#copyIn(marker, watched.value.length);
       const order = marker?.seq ?? known.order;
       if (order !== known.order || marker?.key !== known.key) {
         this.#remove(known);
-        this.#insert({ ...known, order, key: marker?.key, removed: false, queued: false });
-      }
+        this.#insert({ ...known, order, key: marker?.key, removed: false, queued: false, copy });
+      } else known.copy = copy;
       this.hint(watched.key, dueMs, marker?.rev ?? 0);
     } else {
       this.#insert({
@@ -542,6 +606,7 @@ export class ActiveIndex {
         dueMs,
         hintRevision: marker?.rev ?? 0,
         key: marker?.key,
+        copy: this.#copyIn(marker, watched.value.length),
         removed: false,
       });
     }
@@ -575,6 +640,7 @@ export class ActiveIndex {
   #remove(entry: ActiveEntry): void {
     if (entry.removed) return;
     entry.removed = true;
+    this.#dropCopy(entry);
     if (entry.queued) this.#removedInSorted += 1;
     if (this.#entries.get(entry.markerKey) === entry) this.#entries.delete(entry.markerKey);
     if (entry.key === undefined) return;
@@ -584,8 +650,13 @@ export class ActiveIndex {
     queue!.splice(at, 1);
     if (queue!.length === 0) this.#byKey.delete(entry.key);
     if (entry.id !== undefined && this.#keyStates.get(entry.key)?.value.head === entry.id) {
-      this.#unmarked.set(entry.key, this.#barriersStarted);
+      this.#unmarked.set(entry.key, this.#unmarkedNow());
     }
+  }
+
+  /** When a key's head loses its marker here: now, in barriers started and in time. */
+  #unmarkedNow(): Unmarked {
+    return { barrier: this.#barriersStarted, atMs: Date.now() };
   }
 
   #compact(): void {
@@ -594,6 +665,21 @@ export class ActiveIndex {
     this.#removedInSorted = 0;
   }
 }
+
+/** When a key's head lost its marker in the index (see `ActiveIndex.unmarkedHeads`). */
+interface Unmarked {
+  /** Sync barriers started by then. */
+  barrier: number;
+  /** This process's clock, epoch ms. */
+  atMs: number;
+}
+
+/**
+ * How long a key's head must have had no marker in the index before `unmarkedHeads(true)` lists
+ * it without a sync barrier since: far longer than a watch takes to deliver this process's own
+ * hand-over.
+ */
+const unmarkedSettleMs = 1_000;
 
 /** Inserts `entry` into `sorted` (enqueue order); usually an append. */
 function insertSorted(sorted: ActiveEntry[], entry: ActiveEntry): void {

@@ -7,21 +7,29 @@
  *   claimers never both win and a mark only applies to the claim it fences.
  * - `q.<token>`: an active-index marker that exists while the message is pending, claimed or
  *   failed. Claims find due work through a watch on `q.>` (see {@link ./active_index.ts}), never
- *   by listing records, so dispatched records kept for retention cost a claim nothing.
+ *   by listing records, so dispatched records kept for retention cost a claim nothing. A marker
+ *   written after its record (a failed mark, requeue, repair) names the record revision; with
+ *   the opt-in `markerCopies` (then also enqueue's, written after the record) it carries, for a
+ *   small record, a copy of it (`Marker.r`): a claim compares-and-sets the record from the copy
+ *   without reading it, and reads it only when that fails. Claims use copies whichever
+ *   repository wrote them.
  * - `q._k.<token>`: the entry of an ordering key: its head (the only message of the key a claim
  *   may take) and its last stream sequence. Written only by compare-and-set: a keyed enqueue
  *   joins its key after its marker is written (creating the head, or rewriting the entry so a
  *   concurrent hand-over reads again), a settled head hands over to the oldest marker of its key
  *   in the index, and a claim checks the head against the entry as of after its record read.
  *
- * Crash safety: the record is the truth, the marker only a pointer. Every state between the two
- * writes heals itself: a marker whose record is terminal, corrupt or (after a grace period)
- * missing is deleted by the next claim that sees it; a record left active without a marker is
+ * Crash safety: the record is the truth, the marker only a pointer (its copy only a guess, checked
+ * by the compare-and-set). Every state between the two writes heals itself: a marker whose record
+ * is terminal, corrupt or (after a grace period) missing is deleted by the next claim that sees it;
+ * a record left active without a marker (an enqueue that crashed during its one flush, or with
+ * `markerCopies` one that stopped between its record write and its marker write) is
  * re-indexed by a duplicate `enqueue` of the same id or by {@linkcode NatsKvOutboxRepository.repair}
  * (sooner when it heads its key: see below). A key's head that has no marker in the index (a
  * settled message named head through a marker whose delete was late or lost, or an active head
- * whose marker write failed) is read by the next claim that runs out of due messages, which hands
- * the key over or writes the marker again; a dead head keeps blocking its key.
+ * whose marker write failed) is read by the next claim that runs out of due messages (under a
+ * backlog, by a full claim at most once a second), which hands the key over or writes the marker
+ * again; a dead head keeps blocking its key.
  *
  * @module
  */
@@ -87,6 +95,7 @@ import {
   type KeyEntry,
   type Marker,
   markerOf,
+  type RecordCodec,
   recordCodec,
   type StoredOutboxRecord,
   toMessage,
@@ -115,6 +124,8 @@ export interface NatsKvOutboxOptions {
    * record write still in flight must not lose its marker). Measured on the NATS server's clock
    * only: the marker's write time against the newest write time the watch has shown (the
    * claims' own sync writes keep that current), so a skewed process clock changes nothing.
+   * Also how long a claimer trusts its read of a dead key head (blocked on purpose) before it
+   * reads the record again (a retry that failed or died before writing the head's marker).
    *
    * @default {60000}
    */
@@ -134,6 +145,28 @@ export interface NatsKvOutboxOptions {
    * @default {10000}
    */
   claimCacheSize?: number;
+  /**
+   * Whether the markers this repository writes (`enqueue`, a failed mark, `requeue`, `repair()`)
+   * carry a copy of their record (records up to 8 KiB) and the record revision it is, so the
+   * first claim of a message compares-and-sets the record without reading it first (one
+   * JetStream request less per relayed message: in bench/README.md's same-run A/B about a fifth
+   * less CPU per message in the relay and in nats-server).
+   *
+   * The price: `enqueue` must know the record's revision before it writes the marker, so it
+   * writes the record, waits for its acknowledgement, then writes the marker (one more round
+   * trip; off, both leave in one flush), and a process that stops between the two writes leaves
+   * an active record without a marker, unclaimable until a retried `enqueue` of the same id, a
+   * `requeue` of it or `repair()` indexes it again (off, that takes a crash during the one
+   * flush). Markers are about the record's size larger, and the watch delivers them to every
+   * claimer; each repository's index keeps at most 32 MiB of copies (beyond that, markers are
+   * indexed without theirs and their records are read).
+   *
+   * Claims use the copies they find whatever this option says: repositories with it on and off
+   * can share a bucket (a copy is only a guess, checked by the claim's compare-and-set).
+   *
+   * @default {false}
+   */
+  markerCopies?: boolean;
 }
 
 /**
@@ -232,10 +265,11 @@ interface KeyRead {
  * and a crash repair scan. Create the bucket with `createOutboxBucket` (history 1, file storage)
  * and share it between every process of the service; call `close()` when done.
  *
- * A claim reads about `limit` records whatever the number of dispatched records kept in the
+ * A claim reads at most about `limit` records (none while markers carry current copies of them:
+ * see `NatsKvOutboxOptions.markerCopies`) whatever the number of dispatched records kept in the
  * bucket: due work is found through an in-process index fed by a watch on the active-index
- * markers. Message ids of any form round-trip (keys are base64url, or a SHA-256 for ids over
- * 768 bytes). Duplicates and lost races are recognised by JetStream error codes.
+ * markers. Message ids of any form round-trip (keys are base64url, or a SHA-256 for ids over 768
+ * bytes). Duplicates and lost races are recognised by JetStream error codes.
  *
  * @example
  * ```ts ignore
@@ -263,14 +297,18 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   readonly #index: ActiveIndex;
   readonly #orphanGraceMs: number;
   readonly #claimCacheSize: number;
+  /** `NatsKvOutboxOptions.markerCopies`. */
+  readonly #markerCopies: boolean;
   readonly #claims = new Map<string, Cached>();
   readonly #inFlight = new Set<string>();
   /**
    * Keys whose head has no marker and needs nothing done (a dead head: blocked on purpose), with
-   * the key entry revision that was read: an idle claim does not read them again (see
-   * `#repairKeys`).
+   * the key entry revision that was read and when (this process's clock): an idle claim does not
+   * read them again while the entry is unchanged, for `orphanGraceMs` (see `#repairKeys`).
    */
-  #quietHeads = new Map<string, number>();
+  #quietHeads = new Map<string, Quiet>();
+  /** When a full claim last ran `#repairKeys` (this process's clock, epoch ms). */
+  #busyRepairAtMs = 0;
   /**
    * The bucket's largest value (its stream's `max_msg_size`), read once from `kv.status()`:
    * `undefined` while unread, `0` for none (or when the KV object cannot tell).
@@ -284,6 +322,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     this.#requests = new KvRequests(kv);
     this.#orphanGraceMs = nonNegative("orphanGraceMs", options.orphanGraceMs ?? 60_000);
     this.#claimCacheSize = nonNegative("claimCacheSize", options.claimCacheSize ?? 10_000);
+    this.#markerCopies = options.markerCopies ?? false;
+    if (typeof this.#markerCopies !== "boolean") {
+      throw new OutboxValidationError(
+        "markerCopies",
+        `markerCopies must be a boolean, got ${String(options.markerCopies)}`,
+      );
+    }
     this.#index = new ActiveIndex(kv, nonNegative("syncTimeoutMs", options.syncTimeoutMs ?? 5_000));
   }
 
@@ -367,9 +412,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 
   /**
    * Claims up to `limit` due messages, oldest first; see {@linkcode OutboxRepository.claimDue}.
-   * Reads about `limit` records (plus one per stale hint or lost race); when the index cannot
-   * fill the claim it first syncs with the bucket (one small write), so a claim that returns
-   * fewer than `limit` messages has seen every message enqueued before it started.
+   * Reads at most about `limit` records (plus one per stale hint or lost race; none for a
+   * message whose marker carries a current copy of its record); when the index cannot fill the
+   * claim it first syncs with the bucket (one small write), so a claim that returns fewer than
+   * `limit` messages has seen every message enqueued before it started.
    */
   async claimDue(
     limit: number,
@@ -383,6 +429,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     checkedDate(now, "now");
     if (max === 0) return [];
     let synced = await this.#index.ready();
+    const codec = await recordCodec();
     const nowMs = now.getTime();
     const nowIso = now.toISOString();
     const leaseUntil = addMs(now, leaseMs).toISOString();
@@ -409,16 +456,19 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       }
       for (const entry of candidates) this.#inFlight.add(entry.markerKey);
       try {
-        // Phase 1: read every candidate at once; phase 2: claim the oldest `want` due ones.
+        // Phase 1: read every candidate at once (a marker's copy of its record stands in for a
+        // read); phase 2: claim the oldest `want` due ones.
         const read = await Promise.all(
           candidates.map((entry) =>
-            this.#inspect(entry).catch((error) => {
+            (this.#copied(entry, codec) ?? this.#inspect(entry)).catch((error) => {
               failures.push(error);
               return "failed" as const;
             })
           ),
         );
-        const due: Array<{ entry: ActiveEntry; record: StoredOutboxRecord; revision: number }> = [];
+        const due: Array<
+          { entry: ActiveEntry; record: StoredOutboxRecord; revision: number; copied?: true }
+        > = [];
         read.forEach((outcome, i) => {
           const entry = candidates[i];
           if (typeof outcome === "string") {
@@ -427,6 +477,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
           }
           const dueAt = outcome.record.nextAttemptAt;
           if (outcome.record.state !== "pending" && Date.parse(dueAt!) > nowMs) {
+            if ("copied" in outcome) {
+              // Only a compare-and-set tells whether a copy is current: one that says "not due"
+              // (a marker written by repair, a requeue or a duplicate enqueue carries no due
+              // time) may be stale, the record due since. A next round reads it.
+              this.#index.dropCopy(entry.markerKey);
+              return;
+            }
             this.#index.hint(entry.markerKey, Date.parse(dueAt!), outcome.revision);
             tried.add(entry.markerKey);
           } else if (due.length < want) {
@@ -436,28 +493,40 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
           // Due but beyond `want`: left untried, a next round may claim it.
         });
         const won = await Promise.all(
-          due.map(({ entry, record, revision }) =>
-            this.#claimHead(entry, record, revision, nowIso, leaseUntil, claimToken).catch(
-              (error) => {
-                failures.push(error);
-                return undefined;
-              },
-            )
+          due.map(({ entry, record, revision, copied }) =>
+            this.#claimHead(entry, record, revision, nowIso, leaseUntil, claimToken, copied)
+              .catch(
+                (error) => {
+                  failures.push(error);
+                  return undefined;
+                },
+              )
           ),
         );
         let gained = 0;
-        for (const result of won) {
-          if (result) {
+        won.forEach((result, i) => {
+          if (result === "stale") {
+            // The record changed since its marker's copy: a next round reads it.
+            this.#index.dropCopy(due[i].entry.markerKey);
+            tried.delete(due[i].entry.markerKey);
+          } else if (result) {
             claimed.push(result);
             gained += 1;
           }
-        }
+        });
         // Stale hints (a process start, other claimers' leases): read further ahead next time.
         if (gained < want) readAhead = Math.min(Math.max(readAhead, want) * 2, maxReadAhead);
       } finally {
         for (const entry of candidates) this.#inFlight.delete(entry.markerKey);
       }
       if (failures.length > 0) break;
+    }
+    // A full claim did not run out of due messages, so it did not look at the keys above: under
+    // a backlog that never drains, a key whose head has no marker would wait for it. At most
+    // once per busyRepairMs (free while every key with messages has a marked head).
+    if (claimed.length === max && Date.now() - this.#busyRepairAtMs >= busyRepairMs) {
+      this.#busyRepairAtMs = Date.now();
+      await this.#repairKeys();
     }
     // Claims that succeeded are returned even if others failed (they hold leases).
     if (claimed.length === 0 && failures.length > 0) throw failures[0];
@@ -935,9 +1004,9 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       if (isWrongLastSequence(error)) return 0;
       throw error;
     }
-    const marked = await this.#requests.put(
-      markerKeyOf(key),
-      encodeJson(markerOf(next, { rev: written })),
+    const marked = await this.#writeMarker(
+      this.#markerWithCopy(next, { rev: written }),
+      (value) => this.#requests.put(markerKeyOf(key), value),
     );
     if (next.orderingKey !== undefined) await this.#joinKey(next.orderingKey, next.id, marked);
     return 1;
@@ -1055,11 +1124,35 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     await this.#index.close();
   }
 
+  /** The marker of `record`, stored at revision `extra.rev`, with its copy when it fits. */
+  #markerWithCopy(record: StoredOutboxRecord, extra: Partial<Marker>): Marker {
+    if (!this.#markerCopies) return markerOf(record, extra);
+    return this.#withCopy(markerOf(record, extra), record, encodeJson(record).length);
+  }
+
+  /**
+   * Writes `marker` with `write`; when the bucket refuses its size (its `max_msg_size` lowered
+   * since it was read), again without its copy.
+   */
+  async #writeMarker(
+    marker: Marker,
+    write: (value: Uint8Array) => Promise<number>,
+  ): Promise<number> {
+    try {
+      return await write(encodeJson(marker));
+    } catch (error) {
+      if (marker.r === undefined || !isTooLargeWrite(error)) throw error;
+      const plain: Marker = { ...marker };
+      delete plain.r;
+      return await write(encodeJson(plain));
+    }
+  }
+
   /** Creates the marker of an active record unless one exists. */
   async #ensureMarker(key: string, record: StoredOutboxRecord, revision: number): Promise<boolean> {
-    const marker = markerOf(record, { rev: revision });
+    const marker = this.#markerWithCopy(record, { rev: revision });
     try {
-      await this.#requests.create(markerKeyOf(key), encodeJson(marker));
+      await this.#writeMarker(marker, (value) => this.#requests.create(markerKeyOf(key), value));
       return true;
     } catch (error) {
       if (isWrongLastSequence(error)) return false;
@@ -1108,7 +1201,27 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     return { stored, bytes };
   }
 
-  async #store(
+  /**
+   * Writes a new record and its marker: together (`#storeTogether`), or with `markerCopies` the
+   * record first and then its marker with a copy (`#storeThenMark`). No await before the writes
+   * when the key is known: callers rely on the issue order.
+   */
+  #store(
+    record: OutboxRecord,
+    prepared: { stored: StoredOutboxRecord; bytes: Uint8Array },
+    knownKey?: string,
+    contextHeaders?: Iterable<string>,
+  ): Promise<Stored> {
+    return this.#markerCopies
+      ? this.#storeThenMark(record, prepared, knownKey, contextHeaders)
+      : this.#storeTogether(record, prepared, knownKey, contextHeaders);
+  }
+
+  /**
+   * `#store` with copies off (`markerCopies: false`): record and marker (without a copy) leave
+   * together, in one flush.
+   */
+  async #storeTogether(
     record: OutboxRecord,
     prepared: { stored: StoredOutboxRecord; bytes: Uint8Array },
     knownKey?: string,
@@ -1179,6 +1292,107 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     return { message: toMessage(existing) };
   }
 
+  /**
+   * `#store` with `markerCopies`: the record, then (once its revision is known) its marker with
+   * a copy of it.
+   */
+  async #storeThenMark(
+    record: OutboxRecord,
+    prepared: { stored: StoredOutboxRecord; bytes: Uint8Array },
+    knownKey?: string,
+    contextHeaders?: Iterable<string>,
+  ): Promise<Stored> {
+    const codec = await recordCodec();
+    // No await before the write when the key is known: callers rely on the issue order.
+    const key = knownKey ?? await outboxRecordKey(record.id);
+    const markerKey = markerKeyOf(key);
+    const { stored, bytes } = prepared;
+    // The record first, then its marker with a copy of it and its revision (so the first claim
+    // needs no read: see `Marker.r`). The marker's revision is the message's enqueue order (the
+    // record writes are acknowledged in the order they were issued, so are the markers).
+    let written: number;
+    try {
+      written = await this.#requests.create(key, bytes);
+    } catch (error) {
+      return await this.#storeFailed(record, key, error, codec, contextHeaders);
+    }
+    const plain = markerOf(stored);
+    const marker = this.#withCopy(markerOf(stored, { rev: written }), stored, bytes.length);
+    let markerRevision: number | undefined;
+    try {
+      markerRevision = await this.#requests.create(markerKey, encodeJson(marker));
+    } catch (error) {
+      // The record is stored but not indexed yet: without its marker no claim would find it.
+      // Try again a few times (without the copy, in case its size was refused); if the bucket
+      // still refuses, the error reaches the caller, whose retried enqueue (same id) or
+      // repair() re-creates the marker.
+      if (!isWrongLastSequence(error)) await this.#indexAgain(markerKey, plain);
+    }
+    const message = toMessage(stored);
+    return markerRevision === undefined ? { message } : { message, markerRevision };
+  }
+
+  /** `#store` after its record write failed: the id exists, or the write was refused or lost. */
+  async #storeFailed(
+    record: OutboxRecord,
+    key: string,
+    error: unknown,
+    codec: RecordCodec,
+    contextHeaders: Iterable<string> | undefined,
+  ): Promise<Stored> {
+    const markerKey = markerKeyOf(key);
+    if (!isWrongLastSequence(error)) {
+      if (errorNamed(error, "InvalidArgumentError")) {
+        // nats.js refused the write itself (above the server's max_payload, when the server's
+        // limit was not known to #prepare): nothing was stored.
+        throw new OutboxValidationError(
+          "payload",
+          `Outbox record '${record.id}' cannot be stored in the NATS KV bucket: ${
+            errorMessage(error)
+          }`,
+          { cause: error },
+        );
+      }
+      // Any other failure (a timeout, say): the record may have landed. A marker (without a
+      // copy: its revision is unknown) makes it claimable if it did, and is dropped as an orphan
+      // after orphanGraceMs if it did not.
+      const marker: Marker = { v: 1, id: record.id };
+      if (record.orderingKey !== undefined) marker.key = record.orderingKey;
+      await this.#requests.create(markerKey, encodeJson(marker)).catch(() => {});
+      throw error;
+    }
+    // The id exists: identical content returns the stored message, other content throws.
+    const entry = await this.#requests.get(key);
+    if (!entry || entry.operation !== "PUT") {
+      throw new OutboxStorageConflictError(record.id, { cause: error });
+    }
+    const decoded = codec.decodeRecord(entry.value, record.id);
+    if (!decoded.ok) throw new OutboxStorageConflictError(record.id, { cause: decoded.error });
+    const existing = decoded.record;
+    if (existing.state !== "dispatched" && existing.state !== "dead") {
+      // An active record that lost its marker (a crash) is indexed again by a duplicate enqueue.
+      await this.#ensureMarker(key, existing, entry.revision).catch(() => {});
+    }
+    assertOutboxIdentity(existing, record, contextHeaders);
+    return { message: toMessage(existing) };
+  }
+
+  /**
+   * `marker` (with its `rev`) carrying a copy of `record` (`Marker.r`; `bytes`: its encoded
+   * size) when the record is small and the marker fits the bucket's known entry limit; else
+   * `marker` as is (claims then read the record).
+   */
+  #withCopy(marker: Marker, record: StoredOutboxRecord, bytes: number): Marker {
+    if (!this.#markerCopies) return marker;
+    // Only once the bucket's own limit has been read (an enqueue or a claim reads it).
+    const limit = this.#bucketMaxValue === undefined ? undefined : this.#entryLimit();
+    if (marker.rev === undefined || bytes > maxCopyRecordBytes || limit === undefined) {
+      return marker;
+    }
+    const copied: Marker = { ...marker, r: record };
+    return encodeJson(copied).length + writeHeadersBytes <= limit.bytes ? copied : marker;
+  }
+
   /** Writes a missing marker, retrying with a short backoff (three more attempts). */
   async #indexAgain(markerKey: string, marker: Marker): Promise<void> {
     for (const delayMs of [0, 50, 250, 1_000]) {
@@ -1201,7 +1415,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     nowIso: string,
     leaseUntil: string,
     claimToken: string,
-  ): Promise<Claimed | undefined> {
+    copied?: true,
+  ): Promise<Claimed | undefined | "stale"> {
     const next: StoredOutboxRecord = {
       ...record,
       state: "claimed",
@@ -1216,12 +1431,33 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     try {
       written = await this.#requests.update(entry.recordKey, value, revision);
     } catch (error) {
-      if (isWrongLastSequence(error)) return undefined; // another claimer won
+      // Another claimer won; or, for a marker's copy, the record changed since (read it).
+      if (isWrongLastSequence(error)) return copied ? "stale" : undefined;
       throw error;
     }
     this.#index.hint(entry.markerKey, Date.parse(leaseUntil), written);
     this.#remember(next, written, value.length);
     return { order: next.seq!, message: toMessage(next) };
+  }
+
+  /**
+   * The record behind a marker as the marker's copy has it (`Marker.r`), without reading it:
+   * only an active record that passes the record schema, at the revision the copy is of (the
+   * claim's compare-and-set on it fails, and the claim reads the record, when it changed since).
+   * `undefined` when there is no usable copy: the caller reads the record.
+   */
+  #copied(
+    entry: ActiveEntry,
+    codec: RecordCodec,
+  ): Promise<{ record: StoredOutboxRecord; revision: number; copied: true }> | undefined {
+    const copy = this.#index.copyOf(entry);
+    if (copy === undefined) return undefined;
+    const decoded = codec.checkRecord(copy.record, entry.id);
+    if (!decoded.ok || decoded.record.state === "dispatched" || decoded.record.state === "dead") {
+      this.#index.dropCopy(entry.markerKey);
+      return undefined;
+    }
+    return Promise.resolve({ record: decoded.record, revision: copy.revision, copied: true });
   }
 
   /**
@@ -1270,10 +1506,16 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
 
   /** Drops exactly the marker revision `observed`; a newer marker (a requeue's) stays. */
   async #dropMarker(markerKey: string, observed: number): Promise<void> {
+    try {
+      await this.#requests.delete(markerKey, { previousSeq: observed });
+    } catch (error) {
+      // Changed meanwhile (requeued, rescheduled): the newer marker stays, as it should. Any
+      // other failure (a timeout): the index keeps it, so a later claim reads it and deletes it
+      // again (forgotten here, a marker left in the bucket would stay for every other index:
+      // a dead head they would not list as blocked).
+      if (!isWrongLastSequence(error)) return;
+    }
     this.#index.forget(markerKey, observed);
-    await this.#requests.delete(markerKey, { previousSeq: observed }).catch(() => {
-      // Changed meanwhile (requeued, rescheduled): the newer marker stays, as it should.
-    });
   }
 
   async #settle(mark: OutboxMark, now: Date): Promise<boolean> {
@@ -1419,9 +1661,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const markerKey = markerKeyOf(key);
     try {
       if (record.state === "failed") {
-        const marker = markerOf(record, { due: record.nextAttemptAt, rev: revision });
+        const marker = this.#markerWithCopy(record, { due: record.nextAttemptAt, rev: revision });
         this.#index.hint(markerKey, Date.parse(record.nextAttemptAt!), revision);
-        this.#index.wroteMarker(markerKey, await this.#requests.put(markerKey, encodeJson(marker)));
+        const written = await this.#writeMarker(
+          marker,
+          (value) => this.#requests.put(markerKey, value),
+        );
+        this.#index.wroteMarker(markerKey, written);
       } else if (record.state === "dispatched") {
         // Dispatched is final: nothing can revive the marker, so it is deleted unconditionally,
         // and without waiting for the acknowledgement (one reply less per message). A delete
@@ -1441,8 +1687,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         if (entry?.operation !== "PUT") return;
         const marker = codec.decodeMarker(entry.value);
         if (marker?.rev !== undefined && marker.rev > revision) return;
-        this.#index.forget(markerKey, entry.revision);
+        // Forgotten only once deleted: after a failed delete the marker stays in the bucket, and
+        // in this index too (due now), so the next claim here reads it and deletes it again (see
+        // `#dropMarker`).
+        this.#index.hint(markerKey, -Infinity, revision);
         await this.#requests.delete(markerKey, { previousSeq: entry.revision });
+        this.#index.forget(markerKey, entry.revision);
       }
     } catch {
       // The record is settled; a stale marker is removed by the next claim that reads it.
@@ -1523,18 +1773,29 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     nowIso: string,
     leaseUntil: string,
     claimToken: string,
-  ): Promise<Claimed | undefined> {
+    copied?: true,
+  ): Promise<Claimed | undefined | "stale"> {
     if (record.orderingKey === undefined) {
-      return await this.#claimOne(entry, record, revision, nowIso, leaseUntil, claimToken);
+      return await this.#claimOne(entry, record, revision, nowIso, leaseUntil, claimToken, copied);
     }
     const state = this.#index.revision() > revision
       ? this.#index.keyState(record.orderingKey)
       : await this.#readKey(record.orderingKey);
     if (state?.value?.head !== record.id) return undefined;
-    const claimed = await this.#claimOne(entry, record, revision, nowIso, leaseUntil, claimToken);
+    const claimed = await this.#claimOne(
+      entry,
+      record,
+      revision,
+      nowIso,
+      leaseUntil,
+      claimToken,
+      copied,
+    );
     // The key's sequence as of the entry that names this head: it changes only when the head
     // is settled, which this claim's write just fenced.
-    if (claimed && state.value.seq !== undefined) claimed.message.keySequence = state.value.seq;
+    if (typeof claimed === "object" && state.value.seq !== undefined) {
+      claimed.message.keySequence = state.value.seq;
+    }
     return claimed;
   }
 
@@ -1602,27 +1863,35 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /**
-   * Run by a claim that found less than it wanted (every due message taken), after its sync:
+   * Run by a claim that found less than it wanted (every due message taken), after its sync,
+   * and at most once per {@linkcode busyRepairMs} by a claim that filled its limit (a backlog):
    * keys with messages but no head are joined (see `#joinStranded`), and keys whose head has no
    * marker here are looked at (see `#checkUnmarkedHead`): a settled head named by a hand-over
    * whose marker delete reached this process only afterwards (or was lost) would otherwise stop
    * its key for good, since no claim reads a head without a marker. A dead head (blocked on
-   * purpose) is read once per key entry revision, so idle polls stay free. Failures are left to
-   * the next claim.
+   * purpose) is read once per key entry revision, and again `orphanGraceMs` after (a retry that
+   * made it pending and then failed or died before its marker write changes only the record,
+   * which nothing here watches), so idle polls stay nearly free. Failures are left to the next
+   * claim.
    */
   async #repairKeys(): Promise<void> {
     const unmarked = this.#index.unmarkedHeads(true);
-    const quiet = new Map<string, number>();
+    const quiet = new Map<string, Quiet>();
     const checks: Array<Promise<void>> = [];
     for (const state of unmarked) {
       const key = state.value.key;
-      if (this.#quietHeads.get(key) === state.revision) {
-        quiet.set(key, state.revision);
+      const known = this.#quietHeads.get(key);
+      if (
+        known?.revision === state.revision && Date.now() - known.atMs < this.#orphanGraceMs
+      ) {
+        quiet.set(key, known);
         continue;
       }
       checks.push(
         this.#checkUnmarkedHead(state).then((outcome) => {
-          if (outcome !== undefined) quiet.set(key, state.revision);
+          if (outcome !== undefined) {
+            quiet.set(key, { revision: state.revision, atMs: Date.now() });
+          }
         }, () => {}),
       );
     }
@@ -1926,6 +2195,26 @@ async function contention(key: string, round: number): Promise<void> {
   if (round < 3) return;
   await new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(100, 5 * round)));
 }
+
+/** A key whose unmarked head needs nothing done, as last read (see `#repairKeys`). */
+interface Quiet {
+  /** The key entry revision it was read at. */
+  revision: number;
+  /** When (this process's clock, epoch ms). */
+  atMs: number;
+}
+
+/**
+ * Largest record (encoded) a marker carries a copy of (`Marker.r`): a larger one is read by its
+ * claim, whose read then costs little beside the record's size.
+ */
+const maxCopyRecordBytes = 8_192;
+
+/**
+ * How often (at most) a claim that filled its limit looks at the keys whose head has no marker
+ * and the keys with messages but no head, as a claim that runs out of due messages always does.
+ */
+const busyRepairMs = 1_000;
 
 /** Most records a claim reads in one round when its index hints turn out stale. */
 const maxReadAhead = 512;

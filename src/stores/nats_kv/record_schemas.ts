@@ -76,6 +76,8 @@ export const MarkerSchema = Type.Object({
   rev: Type.Optional(Type.Integer({ minimum: 1 })),
   /** The message's ordering key. */
   key: Type.Optional(Type.String({ minLength: 1 })),
+  /** The record as stored at revision `rev` (checked with the record schema when used). */
+  r: Type.Optional(Type.Unknown()),
 });
 
 /** Schema of an ordering key's entry (`q._k.<token>`). */
@@ -130,6 +132,14 @@ export function decodeRecord(value: Uint8Array, expectedId?: string): RecordDeco
   } catch (error) {
     return corrupt(expectedId, "the entry is not UTF-8 JSON", undefined, error);
   }
+  return checkRecord(raw, expectedId);
+}
+
+/**
+ * Validates a record already parsed from JSON (a marker's copy, see `Marker.r`) as
+ * {@linkcode decodeRecord} does.
+ */
+export function checkRecord(raw: unknown, expectedId?: string): RecordDecoding {
   const rawId = typeof (raw as { id?: unknown })?.id === "string"
     ? (raw as { id: string }).id
     : undefined;

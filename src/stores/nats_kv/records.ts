@@ -63,6 +63,13 @@ export interface Marker {
   rev?: number;
   /** The message's ordering key, so the index knows the key's messages without reading them. */
   key?: string;
+  /**
+   * The record exactly as stored at revision `rev` (written only with `rev`, by a writer that
+   * wrote or read that revision, and only by a repository with `markerCopies` on), so a claim can
+   * compare-and-set it without reading it first. A claim whose compare-and-set fails reads the
+   * record as usual.
+   */
+  r?: StoredOutboxRecord;
 }
 
 /**
