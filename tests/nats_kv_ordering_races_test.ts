@@ -345,37 +345,16 @@ for (const via of ["read", "large", "copy"] as const) {
     // behind m3): the record this claim reads is pending again, newer than what its index knew.
     // Its watch is held meanwhile (released shortly after the read), so its index is behind the
     // record it reads.
-    let gate: Promise<void> | undefined;
-    const watched = intercept(fixture.kv, "watch", (watch) => async (options) => {
-      const iterator = await watch(options);
-      const source = iterator[Symbol.asyncIterator]();
-      return new Proxy(iterator, {
-        get(target, property) {
-          if (property === Symbol.asyncIterator) {
-            return () => ({
-              next: async () => {
-                const item = await source.next();
-                await gate;
-                return item;
-              },
-              return: source.return?.bind(source),
-            });
-          }
-          const value = Reflect.get(target, property, target);
-          return typeof value === "function" ? value.bind(target) : value;
-        },
-      });
-    });
+    const { kv: watched, hold, release } = holdableWatch(fixture.kv);
     const race = async () => {
       raced = true;
-      let open = () => {};
-      gate = new Promise<void>((resolve) => (open = resolve));
+      hold();
       const [claim] = await b.claimDue(10, new Date());
       assert.equal(claim.id, m2.id);
       assert.equal(await b.markDead(claim, { error: "x", now: new Date() }), true);
       assert.equal(await b.unblockKey(k, { action: "skip" }), true);
       assert.equal(await b.requeue([m2.id]), 1);
-      setTimeout(open, 100);
+      setTimeout(release, 100);
     };
     const kv = via !== "copy"
       ? intercept(watched, "get", (get) => async (key: string) => {

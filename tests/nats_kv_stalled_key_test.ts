@@ -15,6 +15,7 @@ import {
   claimEach,
   countingKv,
   intercept,
+  type KvFixture,
   newCounts,
   openKvFixture,
   twoInstancesOverKey,
@@ -31,11 +32,19 @@ async function claimRounds(repositories: NatsKvOutboxRepository[]): Promise<Outb
   return [];
 }
 
-Deno.test("nats kv stalled key: a marker delete that lands after the peer's hand-over named its dispatched message head does not stop the key", async () => {
-  await using fixture = await openKvFixture();
-  const k = "late-delete";
+/**
+ * d, e and f enqueued on `k` over two instances (a, b); a claims d and dispatches it while its
+ * delete of d's marker is held (sent, not yet applied) until `release`.
+ */
+async function dispatchWithHeldDelete(fixture: KvFixture, k: string): Promise<{
+  a: NatsKvOutboxRepository;
+  b: NatsKvOutboxRepository;
+  e: OutboxRecord;
+  f: OutboxRecord;
+  sent(): boolean;
+  release(): Promise<void>;
+}> {
   const [d, e, f] = [keyed(k), keyed(k), keyed(k)];
-  // a's delete of d's marker is held (sent, not yet applied) until `release`.
   let release: (() => Promise<void>) | undefined;
   const { a, b } = await twoInstancesOverKey(fixture, [d, e, f], (send) => {
     release = send;
@@ -44,12 +53,18 @@ Deno.test("nats kv stalled key: a marker delete that lands after the peer's hand
   const [claimD] = await a.claimDue(10, new Date());
   assert.equal(claimD.id, d.id);
   assert.equal(await a.markDispatched(claimD, new Date(), undefined, { sequence: 5 }), true);
-  assert.ok(release, "a sent d's marker delete");
+  return { a, b, e, f, sent: () => release !== undefined, release: () => release!() };
+}
+
+Deno.test("nats kv stalled key: a marker delete that lands after the peer's hand-over named its dispatched message head does not stop the key", async () => {
+  await using fixture = await openKvFixture();
+  const { a, b, e, f, sent, release } = await dispatchWithHeldDelete(fixture, "late-delete");
+  assert.ok(sent(), "a sent d's marker delete");
   const [claimE] = await claimEach([b, a]);
   assert.equal(claimE?.id, e.id);
   // b's index still holds d's marker: its hand-over from e names d (dispatched) head.
   assert.equal(await b.markDispatched(claimE, new Date(), undefined, { sequence: 6 }), true);
-  await release!(); // the delete lands: no index holds d's marker any more
+  await release(); // the delete lands: no index holds d's marker any more
   const c = fixture.outbox();
   const next = await claimRounds([a, b, c]);
   assert.deepEqual(next.map((m) => m.id), [f.id], "f is claimed: the key did not stall");
@@ -96,21 +111,12 @@ Deno.test("nats kv stalled key: a dead head keeps blocking its key and idle clai
 
 Deno.test("nats kv stalled key: a dispatched head left without a marker by a late delete is handed over while every claim is full (a backlog)", async () => {
   await using fixture = await openKvFixture();
-  const k = "busy";
-  const [d, e, f] = [keyed(k), keyed(k), keyed(k)];
-  let release: (() => Promise<void>) | undefined;
-  const { a, b } = await twoInstancesOverKey(fixture, [d, e, f], (send) => {
-    release = send;
-    return Promise.resolve();
-  });
-  const [claimD] = await a.claimDue(10, new Date());
-  assert.equal(claimD.id, d.id);
-  assert.equal(await a.markDispatched(claimD, new Date(), undefined, { sequence: 5 }), true);
+  const { a, b, e, f, release } = await dispatchWithHeldDelete(fixture, "busy");
   const [claimE] = await claimEach([b, a]);
   assert.equal(claimE?.id, e.id);
   // b's index still holds d's marker: its hand-over from e names d (dispatched) head.
   assert.equal(await b.markDispatched(claimE, new Date(), undefined, { sequence: 6 }), true);
-  await release!(); // no index holds d's marker any more: only a read of d's record moves the key
+  await release(); // no index holds d's marker any more: only a read of d's record moves the key
   // A backlog of unkeyed messages: every claim below is full, none runs out of due messages.
   const backlog = Array.from({ length: 40 }, () => keyedRecord("bl", undefined));
   await a.enqueueMany(backlog);

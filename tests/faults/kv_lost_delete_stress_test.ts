@@ -15,12 +15,10 @@
 
 import assert from "node:assert/strict";
 import type { KV } from "@nats-io/kv";
-import { Kvm } from "@nats-io/kv";
-import type { NatsConnection } from "@nats-io/transport-node";
-import { createOutboxBucket, NatsKvOutboxRepository, type OutboxMessage } from "../../mod.ts";
-import { keyedRecord } from "../conformance/records.ts";
+import { NatsKvOutboxRepository, type OutboxMessage } from "../../mod.ts";
 import { intercept } from "../nats_kv_fixture.ts";
-import { connectNats, sleep, uniqueName } from "../kit/mod.ts";
+import { sleep } from "../kit/mod.ts";
+import { closeStressBucket, openStressBucket, StressRun } from "./kv_stress.ts";
 
 const seconds = Number(Deno.env.get("OUTBOX_FAULT_STRESS_SECONDS") ?? 5);
 const keyCount = 20;
@@ -64,15 +62,8 @@ function faultyKv(kv: KV): KV {
 // settled since) meet the same faults.
 for (const copies of ["off", "mixed"] as const) {
   Deno.test(`NATS KV fault stress${copies === "mixed" ? " (marker copies, mixed)" : ""}: dropped and late marker deletes and lost update replies leave no key waiting; keys stay in order`, async () => {
-    const connections: NatsConnection[] = await Promise.all(
-      Array.from({ length: 6 }, () => connectNats()),
-    );
-    const bucket = uniqueName("kvfs");
-    const kv = await createOutboxBucket(new Kvm(connections[0]), bucket);
-    const kvs = [
-      kv,
-      ...await Promise.all(connections.slice(1).map((nc) => new Kvm(nc).open(bucket))),
-    ];
+    const bucket = await openStressBucket("kvfs", 6);
+    const kvs = bucket.kvs;
     const copying = { ...options, markerCopies: copies === "mixed" };
     const producer = new NatsKvOutboxRepository(kvs[0], copying);
     const relays = kvs.slice(1, 4).map((one, i) =>
@@ -82,42 +73,17 @@ for (const copies of ["off", "mixed"] as const) {
     const observer = new NatsKvOutboxRepository(kvs[5], options);
     const repositories = [producer, ...relays, pruner, observer];
     try {
-      const enqueued = new Map<string, string[]>(); // per key, in enqueue order
-      const position = new Map<string, { key: string; index: number }>();
+      const run = new StressRun({
+        pauseMs: 20,
+        expected: (error) => error instanceof LostReplyError,
+      });
       const problems: string[] = [];
-      const errors: string[] = [];
-      let enqueueing = true;
-      let pruning = true;
-      let relaying = true;
-      let lastClaimMs = Date.now();
       let sequence = 0;
-      /** Runs `step` until `running()` says stop; a failed step is recorded, and the loop goes on. */
-      const loop = async (running: () => boolean, step: () => Promise<void>) => {
-        while (running()) {
-          try {
-            await step();
-          } catch (error) {
-            if (!(error instanceof LostReplyError)) errors.push(String(error));
-            await sleep(20);
-          }
-        }
-      };
-      const produce = (key: string) => {
-        const ids: string[] = [];
-        enqueued.set(key, ids);
-        return loop(() => enqueueing, async () => {
-          const record = keyedRecord("fstress", key);
-          position.set(record.id, { key, index: ids.length });
-          ids.push(record.id);
-          await producer.enqueue(record); // one at a time per key: the key's order
-          await sleep(Math.random() * 20);
-        });
-      };
       /** The message enqueued before `message` on its key must be dispatched (or pruned). */
       const checkOrder = async (message: OutboxMessage) => {
-        const { key, index } = position.get(message.id)!;
+        const { key, index } = run.position.get(message.id)!;
         if (index === 0) return;
-        const before = await observer.get(enqueued.get(key)![index - 1]);
+        const before = await observer.get(run.enqueued.get(key)![index - 1]);
         if (before !== undefined && before.state !== "dispatched") {
           problems.push(`${key}: #${index} claimed while #${index - 1} is ${before.state}`);
         }
@@ -135,44 +101,29 @@ for (const copies of ["off", "mixed"] as const) {
         }
       };
       const relay = (repository: NatsKvOutboxRepository) =>
-        loop(() => relaying, async () => {
-          const claimed = await repository.claimDue(10, new Date(), { leaseMs });
-          if (claimed.length === 0) {
-            await sleep(10);
-            return;
-          }
-          lastClaimMs = Date.now();
+        run.relay(repository, leaseMs, async (claimed) => {
           await Promise.all(claimed.map(checkOrder));
           await Promise.all(claimed.map((message) => settle(repository, message)));
         });
-      const prune = loop(() => pruning, async () => {
-        await pruner.prune({ dispatchedBefore: new Date() });
-        await sleep(Math.random() * 50);
-      });
+      const prune = run.prune(pruner);
 
-      const producers = Array.from({ length: keyCount }, (_, i) => produce(`key-${i}`));
+      const producers = Array.from(
+        { length: keyCount },
+        (_, i) => run.produce(producer, "fstress", `key-${i}`),
+      );
       const running = relays.map(relay);
-      await sleep(seconds * 1_000);
-      enqueueing = false;
-      await Promise.all(producers);
-      pruning = false;
-      await prune;
-      while (Date.now() - lastClaimMs < idleMs) await sleep(200);
-      relaying = false;
-      await Promise.all(running);
+      await run.finish(seconds, idleMs, { producers, pruners: [prune], relays: running });
 
-      const total = [...enqueued.values()].reduce((sum, ids) => sum + ids.length, 0);
+      const total = run.total();
       const stats = await observer.stats();
       const left = stats.pending + stats.claimed + stats.failed;
       console.log(`fault stress: ${seconds} s, ${total} enqueued, ${left} left active`);
-      assert.deepEqual(errors.slice(0, 5), [], `${errors.length} failed calls`);
+      assert.deepEqual(run.errors.slice(0, 5), [], `${run.errors.length} failed calls`);
       assert.deepEqual(problems.slice(0, 10), [], `${problems.length} out of key order`);
       assert.equal(left, 0, "messages left pending after the relays went idle");
       assert.equal(stats.dead, 0);
     } finally {
-      await Promise.all(repositories.map((repository) => repository.close()));
-      await kv.destroy().catch(() => {});
-      await Promise.all(connections.map((nc) => nc.close()));
+      await closeStressBucket(bucket, repositories);
     }
   });
 }

@@ -13,11 +13,9 @@
  */
 
 import assert from "node:assert/strict";
-import { Kvm } from "@nats-io/kv";
-import type { NatsConnection } from "@nats-io/transport-node";
-import { createOutboxBucket, NatsKvOutboxRepository, type OutboxMessage } from "../../mod.ts";
-import { keyedRecord } from "../conformance/records.ts";
-import { connectNats, sleep, uniqueName } from "../kit/mod.ts";
+import { NatsKvOutboxRepository, type OutboxMessage } from "../../mod.ts";
+import { sleep } from "../kit/mod.ts";
+import { closeStressBucket, openStressBucket, StressRun } from "./kv_stress.ts";
 
 const seconds = Number(Deno.env.get("OUTBOX_PRUNE_STRESS_SECONDS") ?? 20);
 const keyCount = 20;
@@ -26,60 +24,24 @@ const idleMs = 5_000;
 const options = { orphanGraceMs: 500 };
 
 Deno.test("NATS KV prune stress: two relays and two pruners at cutoff now leave no message pending; each is dispatched once, in key order", async () => {
-  const connections: NatsConnection[] = await Promise.all(
-    Array.from({ length: 6 }, () => connectNats()),
-  );
-  const bucket = uniqueName("kvps");
-  const kv = await createOutboxBucket(new Kvm(connections[0]), bucket);
-  const kvs = [
-    kv,
-    ...await Promise.all(connections.slice(1).map((nc) => new Kvm(nc).open(bucket))),
-  ];
-  const repositories = kvs.map((one) => new NatsKvOutboxRepository(one, options));
+  const bucket = await openStressBucket("kvps", 6);
+  const repositories = bucket.kvs.map((one) => new NatsKvOutboxRepository(one, options));
   const [producer, relayA, relayB, prunerA, prunerB, fresh] = repositories;
   try {
-    const enqueued = new Map<string, string[]>(); // per key, in enqueue order
-    const position = new Map<string, { key: string; index: number }>();
+    const run = new StressRun({ pauseMs: 50 });
     const dispatchedAt = new Map<string, number>(); // id -> attempts of the dispatching claim
     const dispatchedUpTo = new Map<string, number>(); // key -> last index dispatched
     const problems: string[] = [];
-    let enqueueing = true;
-    let pruning = true;
-    let relaying = true;
-    let lastClaimMs = Date.now();
     let pruned = 0;
     let sequence = 0;
-    const errors: string[] = [];
-    /** Runs `step` until `running()` says stop; a failed step is recorded, and the loop goes on. */
-    const loop = async (running: () => boolean, step: () => Promise<void>) => {
-      while (running()) {
-        try {
-          await step();
-        } catch (error) {
-          errors.push(String(error));
-          await sleep(50);
-        }
-      }
-    };
 
-    const produce = (key: string) => {
-      const ids: string[] = [];
-      enqueued.set(key, ids);
-      return loop(() => enqueueing, async () => {
-        const record = keyedRecord("stress", key);
-        position.set(record.id, { key, index: ids.length });
-        ids.push(record.id);
-        await producer.enqueue(record); // one at a time per key: the key's order
-        await sleep(Math.random() * 20);
-      });
-    };
     const settle = async (relay: NatsKvOutboxRepository, message: OutboxMessage) => {
       if (Math.random() < 0.1) await sleep(Math.random() * 300); // past the lease, at times
       const applied = await relay.markDispatched(message, new Date(), undefined, {
         sequence: ++sequence,
       });
       if (!applied) return; // its lease expired and the other relay claimed it again
-      const { key, index } = position.get(message.id)!;
+      const { key, index } = run.position.get(message.id)!;
       if (dispatchedAt.has(message.id)) problems.push(`${message.id} dispatched twice`);
       dispatchedAt.set(message.id, message.attempts);
       const last = dispatchedUpTo.get(key) ?? -1;
@@ -87,13 +49,7 @@ Deno.test("NATS KV prune stress: two relays and two pruners at cutoff now leave 
       dispatchedUpTo.set(key, Math.max(last, index));
     };
     const relay = (repository: NatsKvOutboxRepository) =>
-      loop(() => relaying, async () => {
-        const claimed = await repository.claimDue(10, new Date(), { leaseMs });
-        if (claimed.length === 0) {
-          await sleep(10);
-          return;
-        }
-        lastClaimMs = Date.now();
+      run.relay(repository, leaseMs, async (claimed) => {
         for (const message of claimed) {
           const attempts = dispatchedAt.get(message.id);
           if (attempts !== undefined && message.attempts > attempts) {
@@ -103,24 +59,17 @@ Deno.test("NATS KV prune stress: two relays and two pruners at cutoff now leave 
         await Promise.all(claimed.map((message) => settle(repository, message)));
       });
     const prune = (repository: NatsKvOutboxRepository) =>
-      loop(() => pruning, async () => {
-        pruned += (await repository.prune({ dispatchedBefore: new Date() })).dispatched;
-        await sleep(Math.random() * 50);
-      });
+      run.prune(repository, (dispatched) => (pruned += dispatched));
 
-    const producers = Array.from({ length: keyCount }, (_, i) => produce(`key-${i}`));
+    const producers = Array.from(
+      { length: keyCount },
+      (_, i) => run.produce(producer, "stress", `key-${i}`),
+    );
     const relays = [relayA, relayB].map(relay);
     const pruners = [prunerA, prunerB].map(prune);
-    await sleep(seconds * 1_000);
-    enqueueing = false;
-    await Promise.all(producers);
-    pruning = false;
-    await Promise.all(pruners);
-    while (Date.now() - lastClaimMs < idleMs) await sleep(200);
-    relaying = false;
-    await Promise.all(relays);
+    await run.finish(seconds, idleMs, { producers, pruners, relays });
 
-    const total = [...enqueued.values()].reduce((sum, ids) => sum + ids.length, 0);
+    const total = run.total();
     const stats = await fresh.stats();
     const stranded = stats.pending + stats.claimed + stats.failed;
     // What a process started now would find (claims join headless keys after orphanGraceMs).
@@ -136,14 +85,12 @@ Deno.test("NATS KV prune stress: two relays and two pruners at cutoff now leave 
       `prune stress: ${seconds} s, ${total} enqueued, ${dispatchedAt.size} dispatched by the ` +
         `relays, ${pruned} pruned, ${stranded} left active, ${freshClaims} claimed by a fresh process`,
     );
-    assert.deepEqual(errors.slice(0, 5), [], `${errors.length} failed calls`);
+    assert.deepEqual(run.errors.slice(0, 5), [], `${run.errors.length} failed calls`);
     assert.deepEqual(problems.slice(0, 10), []);
     assert.equal(stranded, 0, "messages left pending after the relays went idle");
     assert.equal(dispatchedAt.size, total, "every message dispatched by the running relays");
     assert.equal(stats.dead, 0);
   } finally {
-    await Promise.all(repositories.map((repository) => repository.close()));
-    await kv.destroy().catch(() => {});
-    await Promise.all(connections.map((nc) => nc.close()));
+    await closeStressBucket(bucket, repositories);
   }
 });

@@ -249,6 +249,18 @@ interface Stored {
   markerRevision?: number;
 }
 
+/**
+ * What `#store` writes (a new record, as stored and encoded) and where (its key and its
+ * marker's), and the codec to read what it finds.
+ */
+interface StoreWrite {
+  stored: StoredOutboxRecord;
+  bytes: Uint8Array;
+  codec: RecordCodec;
+  key: string;
+  markerKey: string;
+}
+
 type Claimed = { order: number; message: OutboxMessage };
 
 /** An ordering key's entry as read (or as the index knows it); revision 0: no entry. */
@@ -1206,22 +1218,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * record first and then its marker with a copy (`#storeThenMark`). No await before the writes
    * when the key is known: callers rely on the issue order.
    */
-  #store(
-    record: OutboxRecord,
-    prepared: { stored: StoredOutboxRecord; bytes: Uint8Array },
-    knownKey?: string,
-    contextHeaders?: Iterable<string>,
-  ): Promise<Stored> {
-    return this.#markerCopies
-      ? this.#storeThenMark(record, prepared, knownKey, contextHeaders)
-      : this.#storeTogether(record, prepared, knownKey, contextHeaders);
-  }
-
-  /**
-   * `#store` with copies off (`markerCopies: false`): record and marker (without a copy) leave
-   * together, in one flush.
-   */
-  async #storeTogether(
+  async #store(
     record: OutboxRecord,
     prepared: { stored: StoredOutboxRecord; bytes: Uint8Array },
     knownKey?: string,
@@ -1230,8 +1227,22 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     const codec = await recordCodec();
     // No await before the writes when the key is known: callers rely on the issue order.
     const key = knownKey ?? await outboxRecordKey(record.id);
-    const markerKey = markerKeyOf(key);
-    const { stored, bytes } = prepared;
+    const write: StoreWrite = { ...prepared, codec, key, markerKey: markerKeyOf(key) };
+    return await (this.#markerCopies
+      ? this.#storeThenMark(record, write, contextHeaders)
+      : this.#storeTogether(record, write, contextHeaders));
+  }
+
+  /**
+   * `#store` with copies off (`markerCopies: false`): record and marker (without a copy) leave
+   * together, in one flush.
+   */
+  async #storeTogether(
+    record: OutboxRecord,
+    { stored, bytes, codec, key, markerKey }: StoreWrite,
+    contextHeaders?: Iterable<string>,
+  ): Promise<Stored> {
+    // No await before the writes (the caller's issue order).
     // Record and marker are written together (one round trip). The marker's revision is the
     // message's enqueue order. A marker whose record write failed is an orphan that claims
     // delete after `orphanGraceMs`.
@@ -1298,15 +1309,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    */
   async #storeThenMark(
     record: OutboxRecord,
-    prepared: { stored: StoredOutboxRecord; bytes: Uint8Array },
-    knownKey?: string,
+    { stored, bytes, codec, key, markerKey }: StoreWrite,
     contextHeaders?: Iterable<string>,
   ): Promise<Stored> {
-    const codec = await recordCodec();
-    // No await before the write when the key is known: callers rely on the issue order.
-    const key = knownKey ?? await outboxRecordKey(record.id);
-    const markerKey = markerKeyOf(key);
-    const { stored, bytes } = prepared;
+    // No await before the record write (the caller's issue order).
     // The record first, then its marker with a copy of it and its revision (so the first claim
     // needs no read: see `Marker.r`). The marker's revision is the message's enqueue order (the
     // record writes are acknowledged in the order they were issued, so are the markers).
