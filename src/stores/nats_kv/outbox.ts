@@ -1246,8 +1246,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     // Record and marker are written together (one round trip). The marker's revision is the
     // message's enqueue order. A marker whose record write failed is an orphan that claims
     // delete after `orphanGraceMs`.
-    const marker: Marker = { v: 1, id: record.id };
-    if (record.orderingKey !== undefined) marker.key = record.orderingKey;
+    const marker = enqueueMarker(record);
     const [created, indexed] = await Promise.allSettled([
       this.#requests.create(key, bytes),
       this.#requests.create(markerKey, encodeJson(marker)),
@@ -1273,27 +1272,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         // is dropped as an orphan after orphanGraceMs if it did not.
         await this.#requests.delete(markerKey, { previousSeq: indexed.value }).catch(() => {});
       }
-      if (refused) {
-        // nats.js refused the write itself (above the server's max_payload, when the server's
-        // limit was not known to #prepare).
-        throw new OutboxValidationError(
-          "payload",
-          `Outbox record '${record.id}' cannot be stored in the NATS KV bucket: ${
-            errorMessage(created.reason)
-          }`,
-          { cause: created.reason },
-        );
-      }
+      // nats.js refused the write itself (above the server's max_payload, when the server's
+      // limit was not known to #prepare).
+      if (refused) throw refusedRecord(record, created.reason);
       throw created.reason;
     }
     // The id exists: identical content returns the stored message, other content throws.
-    const entry = await this.#requests.get(key);
-    if (!entry || entry.operation !== "PUT") {
-      throw new OutboxStorageConflictError(record.id, { cause: created.reason });
-    }
-    const decoded = codec.decodeRecord(entry.value, record.id);
-    if (!decoded.ok) throw new OutboxStorageConflictError(record.id, { cause: decoded.error });
-    const existing = decoded.record;
+    const { record: existing } = await this.#readExisting(record, key, created.reason, codec);
     const terminal = existing.state === "dispatched" || existing.state === "dead";
     if (terminal && indexed.status === "fulfilled") {
       // The marker written with the attempt points at a settled record: take it back.
@@ -1348,39 +1333,42 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   ): Promise<Stored> {
     const markerKey = markerKeyOf(key);
     if (!isWrongLastSequence(error)) {
-      if (errorNamed(error, "InvalidArgumentError")) {
-        // nats.js refused the write itself (above the server's max_payload, when the server's
-        // limit was not known to #prepare): nothing was stored.
-        throw new OutboxValidationError(
-          "payload",
-          `Outbox record '${record.id}' cannot be stored in the NATS KV bucket: ${
-            errorMessage(error)
-          }`,
-          { cause: error },
-        );
-      }
+      // nats.js refused the write itself (above the server's max_payload, when the server's
+      // limit was not known to #prepare): nothing was stored.
+      if (errorNamed(error, "InvalidArgumentError")) throw refusedRecord(record, error);
       // Any other failure (a timeout, say): the record may have landed. A marker (without a
       // copy: its revision is unknown) makes it claimable if it did, and is dropped as an orphan
       // after orphanGraceMs if it did not.
-      const marker: Marker = { v: 1, id: record.id };
-      if (record.orderingKey !== undefined) marker.key = record.orderingKey;
-      await this.#requests.create(markerKey, encodeJson(marker)).catch(() => {});
+      await this.#requests.create(markerKey, encodeJson(enqueueMarker(record))).catch(() => {});
       throw error;
     }
     // The id exists: identical content returns the stored message, other content throws.
-    const entry = await this.#requests.get(key);
-    if (!entry || entry.operation !== "PUT") {
-      throw new OutboxStorageConflictError(record.id, { cause: error });
-    }
-    const decoded = codec.decodeRecord(entry.value, record.id);
-    if (!decoded.ok) throw new OutboxStorageConflictError(record.id, { cause: decoded.error });
-    const existing = decoded.record;
+    const { record: existing, revision } = await this.#readExisting(record, key, error, codec);
     if (existing.state !== "dispatched" && existing.state !== "dead") {
       // An active record that lost its marker (a crash) is indexed again by a duplicate enqueue.
-      await this.#ensureMarker(key, existing, entry.revision).catch(() => {});
+      await this.#ensureMarker(key, existing, revision).catch(() => {});
     }
     assertOutboxIdentity(existing, record, contextHeaders);
     return { message: toMessage(existing) };
+  }
+
+  /**
+   * The record already stored under `key` (an enqueue's create found the id taken: `cause`),
+   * or `OutboxStorageConflictError` when it is gone or cannot be decoded.
+   */
+  async #readExisting(
+    record: OutboxRecord,
+    key: string,
+    cause: unknown,
+    codec: RecordCodec,
+  ): Promise<{ record: StoredOutboxRecord; revision: number }> {
+    const entry = await this.#requests.get(key);
+    if (!entry || entry.operation !== "PUT") {
+      throw new OutboxStorageConflictError(record.id, { cause });
+    }
+    const decoded = codec.decodeRecord(entry.value, record.id);
+    if (!decoded.ok) throw new OutboxStorageConflictError(record.id, { cause: decoded.error });
+    return { record: decoded.record, revision: entry.revision };
   }
 
   /**
@@ -2200,6 +2188,25 @@ async function contention(key: string, round: number): Promise<void> {
   if (round >= maxKeyRounds) throw new NatsKvOrderingKeyError(key, round);
   if (round < 3) return;
   await new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(100, 5 * round)));
+}
+
+/**
+ * The marker an enqueue writes with its record, before the record's revision is known: no copy,
+ * no revision (claims read the record).
+ */
+function enqueueMarker(record: OutboxRecord): Marker {
+  const marker: Marker = { v: 1, id: record.id };
+  if (record.orderingKey !== undefined) marker.key = record.orderingKey;
+  return marker;
+}
+
+/** The error for a record nats.js refused to send (larger than the server's max_payload). */
+function refusedRecord(record: OutboxRecord, cause: unknown): OutboxValidationError {
+  return new OutboxValidationError(
+    "payload",
+    `Outbox record '${record.id}' cannot be stored in the NATS KV bucket: ${errorMessage(cause)}`,
+    { cause },
+  );
 }
 
 /** A key whose unmarked head needs nothing done, as last read (see `#repairKeys`). */
