@@ -187,8 +187,8 @@ export class NatsCluster implements AsyncDisposable {
   }
 
   /**
-   * Waits until `stream` has a leader that is not `notOn` (a node name) and whose replicas are
-   * all current, then returns it and how long that took.
+   * Waits until `stream` has a leader that is not `notOn` (a node name), then returns it and how
+   * long that took. Followers may still be catching up: {@linkcode waitForReplicas} waits for them.
    */
   async waitForLeader(
     nc: NatsConnection,
@@ -211,6 +211,41 @@ export class NatsCluster implements AsyncDisposable {
       await sleep(100);
     }
     throw new Error(`stream ${stream}: no new leader in ${timeoutMs} ms (${last})`);
+  }
+
+  /**
+   * Waits until `stream` has a leader and every other node is a current replica of it (a node
+   * restarted after kill -9 rejoins the stream's group and catches up some time after it answers
+   * clients). Freezing or killing the leader before that leaves a group whose only healthy
+   * follower may not be enough to elect a new leader quickly.
+   */
+  async waitForReplicas(
+    nc: NatsConnection,
+    stream: string,
+    { timeoutMs = 30_000 }: { timeoutMs?: number } = {},
+  ): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    let last: unknown = "no answer yet";
+    while (Date.now() < deadline) {
+      try {
+        const jsm = await jetstreamManager(nc, { timeout: 2_000 });
+        const cluster = (await jsm.streams.info(stream)).cluster;
+        const replicas = cluster?.replicas ?? [];
+        if (
+          cluster?.leader && replicas.length === this.nodes.length - 1 &&
+          replicas.every((replica) => replica.current)
+        ) return;
+        last = `leader ${cluster?.leader ?? "none"}, replicas ${
+          replicas.map((replica) => `${replica.name}${replica.current ? "" : " (behind)"}`).join(
+            ", ",
+          ) || "none"
+        }`;
+      } catch (error) {
+        last = error;
+      }
+      await sleep(100);
+    }
+    throw new Error(`stream ${stream}: replicas not all current in ${timeoutMs} ms (${last})`);
   }
 
   /** Kills `node` with SIGKILL (ports stay reserved below the ephemeral range). */
