@@ -15,8 +15,8 @@
  * (runs per wake-up mode, alternating which runs first), `--rss-count=100000`,
  * `--no-async-traces` (nats.js connections with `noAsyncTraces: true`), `--publisher=pipeline|
  * js.publish` (the runtime's publisher in the dispatcher scenarios), `--limit` and
- * `--max-in-flight` (dispatcher options), `--pg-connections=4` (the Postgres relay's pool size;
- * a baseline checkout without this option keeps 4). BENCH_CHILD_FLAGS passes `deno run` flags to every
+ * `--max-in-flight` (dispatcher options), `--pg-connections=1` (the Postgres relay's pool size, 1
+ * as docs/sql.md advises; a baseline checkout older than this option keeps its 4). BENCH_CHILD_FLAGS passes `deno run` flags to every
  * scenario process (for example `--cpu-prof --cpu-prof-dir=.tmp/prof`).
  *
  * R3 vs R1: when a `-r1`/`-r3` scenario is wanted, a private 3-node JetStream cluster
@@ -94,10 +94,11 @@ const publisher = args.publisher;
 const dispatcherOptions = {
   limit: args.limit === undefined ? undefined : Number(args.limit),
   maxInFlight: args["max-in-flight"] === undefined ? undefined : Number(args["max-in-flight"]),
-  /** The Postgres relay's pool size (postgres.js `max`; 4 when not given). */
-  postgresConnections: args["pg-connections"] === undefined
-    ? undefined
-    : Number(args["pg-connections"]),
+  /**
+   * The Postgres relay's pool size (postgres.js `max`): 1 when not given, as docs/sql.md advises
+   * for a relay's own instance. Passed explicitly, so a `--baseline` checkout gets it too.
+   */
+  postgresConnections: args["pg-connections"] === undefined ? 1 : Number(args["pg-connections"]),
 };
 const only = args.only ? new Set(args.only.split(",")) : undefined;
 /**

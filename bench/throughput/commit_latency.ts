@@ -29,7 +29,7 @@ import { readConfig, report } from "./child.ts";
 export interface CommitLatencyConfig {
   natsUrl: string;
   postgresUrl: string;
-  /** The relay's pool size (postgres.js `max`). @default {4} */
+  /** The relay's pool size (postgres.js `max`). @default {1} */
   postgresConnections?: number;
   tables: SqlOutboxTables;
   prefix: string;
@@ -55,7 +55,7 @@ if (import.meta.main) {
   const nc = await connect({ servers: config.natsUrl });
   const producers = postgres(config.postgresUrl, { max: 8, onnotice: () => {} });
   const relay = postgres(config.postgresUrl, {
-    max: config.postgresConnections ?? 4,
+    max: config.postgresConnections ?? 1,
     onnotice: () => {},
   });
   const total = Math.round(config.rate * (config.warmupSeconds + config.seconds));

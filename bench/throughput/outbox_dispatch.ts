@@ -59,7 +59,7 @@ export interface OutboxDispatchConfig {
   tag?: string;
   limit?: number;
   maxInFlight?: number;
-  /** Postgres: the relay's pool size (postgres.js `max`). @default {4} */
+  /** Postgres: the relay's pool size (postgres.js `max`). @default {1} */
   postgresConnections?: number;
   /** Sample RSS every 50 ms while dispatching. */
   sampleRss?: boolean;
@@ -74,7 +74,7 @@ if (import.meta.main) {
   let statementPlans: (() => Promise<PoolPlans>) | undefined;
   switch (config.store) {
     case "postgres": {
-      const max = config.postgresConnections ?? 4;
+      const max = config.postgresConnections ?? 1;
       const sql = postgres(config.postgresUrl!, { max, onnotice: () => {} });
       outbox = new SqlOutboxRepository(postgresJsExecutor(sql), "postgres", config.tables);
       statementPlans = () => preparedStatementPlans(sql, max);
