@@ -156,6 +156,14 @@ async function main(): Promise<void> {
    */
   const postgresCpuSeconds = (): number | undefined =>
     postmaster === undefined ? undefined : processTreeCpuSeconds(postmaster);
+  const natsServer = listeningPid(new URL(nats.replace(/^nats:/, "http:")).port || "4222");
+  /**
+   * CPU seconds used so far by the nats-server process serving `nats`, when it runs on this
+   * machine (found by its listening port); `undefined` otherwise. Like Postgres's, only
+   * meaningful when nothing else uses that server meanwhile.
+   */
+  const natsCpuSeconds = (): number | undefined =>
+    natsServer === undefined ? undefined : processCpuSeconds(natsServer);
 
   async function stream(
     on: { jsm: typeof jsm; config: Record<string, unknown> } = { jsm, config: {} },
@@ -603,6 +611,9 @@ async function main(): Promise<void> {
     const prepared = await scenario.prepare();
     let result: ScenarioResult;
     const serverCpu = postgresCpuSeconds();
+    // Scenarios on the private cluster (-r1/-r3) use other servers: no NATS figure for them.
+    const onNats = (prepared.config as { natsUrl?: string }).natsUrl === nats;
+    const natsCpu = onNats ? natsCpuSeconds() : undefined;
     try {
       result = await runChild(prepared.file, prepared.config, scenario.root);
     } catch (error) {
@@ -612,6 +623,10 @@ async function main(): Promise<void> {
     const serverCpuAfter = postgresCpuSeconds();
     if (serverCpu !== undefined && serverCpuAfter !== undefined) {
       result.serverCpuSeconds = serverCpuAfter - serverCpu;
+    }
+    const natsCpuAfter = onNats ? natsCpuSeconds() : undefined;
+    if (natsCpu !== undefined && natsCpuAfter !== undefined) {
+      result.natsCpuSeconds = natsCpuAfter - natsCpu;
     }
     await prepared.finish();
     return result;
@@ -669,6 +684,8 @@ async function main(): Promise<void> {
     typeof r.serverCpuSeconds !== "number"
       ? "-"
       : (r.serverCpuSeconds * 1e6 / r.messages).toFixed(1);
+  const natsCpuPerMessage = (r: ScenarioResult) =>
+    typeof r.natsCpuSeconds !== "number" ? "-" : (r.natsCpuSeconds * 1e6 / r.messages).toFixed(1);
   const fmt = (n: number) => Math.round(n).toLocaleString("en");
   /** A dispatcher scenario's claim and mark sizes and, on Postgres, how its statements were planned. */
   const batchLines = (r: ScenarioResult): string[] => {
@@ -828,6 +845,10 @@ async function main(): Promise<void> {
             result.serverCpuSeconds === undefined
               ? ""
               : ` (Postgres ${serverCpuPerMessage(result)} µs/msg)`
+          }${
+            result.natsCpuSeconds === undefined
+              ? ""
+              : ` (nats-server ${natsCpuPerMessage(result)} µs/msg)`
           }, peak RSS ${mb(result.peakRss)} MB (load ${loadAverage()})`,
         );
         for (const line of batchLines(result)) console.error(`  ${line}`);
@@ -850,8 +871,8 @@ async function main(): Promise<void> {
           records("x", "p", 1)[0].payload.length
         } bytes, 16 subjects, Nats-Msg-Id on every message; median of ${rounds} round(s) (min - max):`,
         "",
-        "| scenario | msg/s | ratio to (a) | ratio to (b) | of the ceiling (p) | CPU µs/msg | main thread CPU µs/msg | Postgres CPU µs/msg | peak RSS (MB) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| scenario | msg/s | ratio to (a) | ratio to (b) | of the ceiling (p) | CPU µs/msg | main thread CPU µs/msg | Postgres CPU µs/msg | nats-server CPU µs/msg | peak RSS (MB) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
       );
       for (const scenario of selected) {
         const list = results.get(scenario.id);
@@ -871,7 +892,7 @@ async function main(): Promise<void> {
             ratio(b && m / b)
           } | ${ceiling ? (m / ceiling).toFixed(2) : "-"} | ${medianOf(cpuPerMessage)} | ${
             medianOf(mainCpuPerMessage)
-          } | ${medianOf(serverCpuPerMessage)} | ${mb(peak)} |`,
+          } | ${medianOf(serverCpuPerMessage)} | ${medianOf(natsCpuPerMessage)} | ${mb(peak)} |`,
         );
       }
       const pg = medianRate("pg");
@@ -1008,6 +1029,54 @@ function procStat(pid: number): ProcStat | undefined {
   } catch {
     return undefined;
   }
+}
+
+/** CPU seconds (user + system) `pid` has used so far (clock ticks of 10 ms). */
+function processCpuSeconds(pid: number): number | undefined {
+  const stat = procStat(pid);
+  return stat === undefined ? undefined : stat.own / 100;
+}
+
+/**
+ * The pid of the local process listening on TCP `port` (Linux: the socket's inode from
+ * /proc/net/tcp{,6}, then the process holding it), or `undefined` when it cannot be found (a
+ * remote or containerised server, no /proc).
+ */
+function listeningPid(port: string): number | undefined {
+  try {
+    const hexPort = Number(port).toString(16).toUpperCase().padStart(4, "0");
+    const inodes = new Set<string>();
+    for (const table of ["/proc/net/tcp", "/proc/net/tcp6"]) {
+      let text = "";
+      try {
+        text = Deno.readTextFileSync(table);
+      } catch {
+        continue;
+      }
+      for (const line of text.split("\n").slice(1)) {
+        const fields = line.trim().split(/\s+/);
+        // local_address is "ADDR:PORT"; state 0A is LISTEN; field 10 is the inode.
+        if (fields.length > 9 && fields[1].endsWith(`:${hexPort}`) && fields[3] === "0A") {
+          inodes.add(`socket:[${fields[9]}]`);
+        }
+      }
+    }
+    if (inodes.size === 0) return undefined;
+    for (const entry of Deno.readDirSync("/proc")) {
+      const pid = Number(entry.name);
+      if (!Number.isInteger(pid)) continue;
+      try {
+        for (const fd of Deno.readDirSync(`/proc/${pid}/fd`)) {
+          if (inodes.has(Deno.readLinkSync(`/proc/${pid}/fd/${fd.name}`))) return pid;
+        }
+      } catch {
+        // exited, or not ours to read
+      }
+    }
+  } catch {
+    // no /proc
+  }
+  return undefined;
 }
 
 /** CPU seconds of `root`, its live children and the children it reaped (clock ticks of 10 ms). */
