@@ -50,12 +50,11 @@ import {
   validateOutboxRecord,
 } from "../../core/validate.ts";
 import { type ClaimWrite, decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
-import { type OutboxStatements, outboxStatements, sqliteClaimColumns } from "./dialects.ts";
+import { claimColumns, type OutboxStatements, outboxStatements } from "./dialects.ts";
 import { PlannedStatements } from "./plan_generations.ts";
 import { pruneBatch } from "./prune_batches.ts";
 import { retireIdleKeys, retireKeyStatements } from "./retire_keys.ts";
 import type { SqlExecutor, SqlRow } from "./executors.ts";
-import { outboxColumnsV3 } from "./schema.ts";
 import { withSchemaErrors } from "./schema_errors.ts";
 import {
   checkDialect,
@@ -284,9 +283,9 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     const lease = addMs(now, leaseMs).toISOString();
     const token = newClaimToken();
     let rows = await this.executor.query(this.#sql.claim, [nowIso, lease, max, token]);
-    // SQLite's claim returns only the columns it did not write (dialects.ts).
+    // A claim returns only the columns it did not write (dialects.ts).
     const sqlite = this.dialect === "sqlite";
-    if (rows.length > 0) checkColumns(rows[0], sqlite ? sqliteClaimColumns : claimColumns);
+    if (rows.length > 0) checkColumns(rows[0], claimColumns);
     // Ordering keys: a dispatched head whose hand-over is still to do (an enqueue of its key was
     // in flight, or a process died between the mark and the hand-over) is handed over now.
     // Postgres's claim answers in its rows; SQLite asks after the claim.
@@ -309,9 +308,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     this.#plans.count(rows.length);
     // RETURNING gives no order: restore the claim order (seq).
     rows.sort((a, b) => (integer(a.seq) ?? 0) - (integer(b.seq) ?? 0));
-    const written: ClaimWrite | undefined = sqlite
-      ? { updatedAt: nowIso, nextAttemptAt: lease, claimToken: token }
-      : undefined;
+    const written: ClaimWrite = { updatedAt: nowIso, nextAttemptAt: lease, claimToken: token };
     const claimed: OutboxMessage[] = [];
     for (const row of rows) {
       try {
@@ -686,7 +683,6 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
 }
 
 /** The columns Postgres's claim returns: all but key_head (it returns only rows ordering lets through). */
-const claimColumns = outboxColumnsV3.filter((column) => column !== "key_head");
 
 /** Insert attempts for a keyed record whose key gained a head concurrently. */
 const maxInsertRounds = 3;
