@@ -381,45 +381,64 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     const encoded = marks.map(encodeMark); // every mark checked before anything is sent
     const results = new Array<boolean>(marks.length).fill(false);
     const stale: string[] = [];
-    // Split into rounds with unique ids (normally exactly one round).
-    let remaining = marks.map((mark, index) => ({ mark, index }));
-    while (remaining.length > 0) {
-      const seen = new Set<string>();
-      const round: typeof remaining = [];
-      const later: typeof remaining = [];
-      for (const entry of remaining) {
-        const id = entry.mark?.claim?.id;
-        if (typeof id === "string" && seen.has(id)) later.push(entry);
-        else {
-          if (typeof id === "string") seen.add(id);
-          round.push(entry);
-        }
-      }
+    // Split into rounds with unique ids (normally exactly one round). Each round is read in ONE
+    // pass (indexed loops, no per-mark objects): markMany runs once per batch, too rarely for
+    // the engine to optimise it, so every pass over a batch costs.
+    let remaining: number[] | undefined; // the indexes of the marks of the next round
+    while (true) {
+      const indexes = remaining;
+      const count = indexes === undefined ? marks.length : indexes.length;
+      if (count === 0) break;
+      let later: number[] | undefined;
       const payload: EncodedMark[] = [];
+      const payloadIndexes: number[] = [];
+      // Every id of the round (also of marks that cannot match a row): a repetition waits for
+      // the next round. Payload ids are unique, so this also finds a payload mark's index.
       const indexById = new Map<string, number>();
-      for (const { index } of round) {
+      let plain = true;
+      for (let k = 0; k < count; k++) {
+        const index = indexes === undefined ? k : indexes[k];
+        const id = marks[index]?.claim?.id;
+        if (typeof id === "string") {
+          if (indexById.has(id)) {
+            (later ??= []).push(index);
+            continue;
+          }
+          indexById.set(id, index);
+        }
         const mark = encoded[index];
         if (!mark) continue; // cannot match any row: stays false
         payload.push(mark);
-        indexById.set(mark.id, index);
+        payloadIndexes.push(index);
+        if (plain && !isPlainDispatch(mark)) plain = false;
       }
+      remaining = later ?? [];
       // The common batch (every mark dispatched with a token, nothing else to record) goes
       // through a plain fenced update first; what it leaves (superseded, already applied, keyed
       // rows) takes the full path below, exactly as if it had been the batch.
       let rest = payload;
-      if (payload.length > 0 && payload.every(isPlainDispatch)) {
+      if (payload.length > 0 && plain) {
         // No prototype: an id such as "__proto__" is a key like any other.
         const fenced: Record<string, [number, string | null]> = Object.create(null);
-        for (const mark of payload) fenced[mark.id] = [mark.attempts, mark.token];
+        for (let k = 0; k < payload.length; k++) {
+          const mark = payload[k];
+          fenced[mark.id] = [mark.attempts, mark.token];
+        }
         const rows = await this.executor.query(this.#sql.markDispatchedFast, [
           JSON.stringify(fenced),
           nowIso,
         ]);
-        for (const row of rows) {
-          const index = indexById.get(row.id as string);
-          if (index !== undefined) results[index] = true;
+        if (rows.length === payload.length) {
+          // Each changed row is one of the payload's (distinct) ids: all of them applied.
+          for (let k = 0; k < payloadIndexes.length; k++) results[payloadIndexes[k]] = true;
+          rest = [];
+        } else if (rows.length > 0) {
+          for (let k = 0; k < rows.length; k++) {
+            const index = indexById.get(rows[k].id as string);
+            if (index !== undefined) results[index] = true;
+          }
+          rest = payload.filter((_, k) => !results[payloadIndexes[k]]);
         }
-        if (rows.length > 0) rest = payload.filter((mark) => !results[indexById.get(mark.id)!]);
       }
       if (rest.length > 0) {
         // The key fence: key sequences are recorded with the marks (see keySequences in
@@ -457,7 +476,6 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
           }
         }
       }
-      remaining = later;
     }
     if (stale.length > 0) {
       // Dispatched heads whose key showed no next message: hand over now (or, if that fails,
