@@ -700,8 +700,6 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 }
 
-/** The columns Postgres's claim returns: all but key_head (it returns only rows ordering lets through). */
-
 /** Insert attempts for a keyed record whose key gained a head concurrently. */
 const maxInsertRounds = 3;
 /** Hand-overs done per claim. */
