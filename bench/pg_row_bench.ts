@@ -97,11 +97,12 @@ function leaseTimes(): [string, string] {
   const now = new Date();
   return [now.toISOString(), new Date(now.getTime() + 30_000).toISOString()];
 }
-const toClaimed = (rows: Record<string, unknown>[]): Claimed[] =>
+/** The library's claim does not return the token it wrote (`written`): it is the one passed. */
+const toClaimed = (rows: Record<string, unknown>[], written?: string): Claimed[] =>
   rows.map((r) => ({
     id: r.id as string,
     attempts: Number(r.attempts),
-    token: r.claim_token as string,
+    token: (r.claim_token ?? written) as string,
     seq: Number(r.seq),
   }));
 const fenced = (claimed: Claimed[]): string => {
@@ -113,7 +114,8 @@ const fenced = (claimed: Claimed[]): string => {
 // The library's statements run directly.
 async function baseClaim(c: Ctx, batch: number): Promise<Claimed[]> {
   const [now, lease] = leaseTimes();
-  return toClaimed(await executor.query(c.s.claim, [now, lease, batch, token()]));
+  const written = token();
+  return toClaimed(await executor.query(c.s.claim, [now, lease, batch, written]), written);
 }
 async function baseMark(c: Ctx, claimed: Claimed[]): Promise<number> {
   if (claimed.length === 0) return 0;

@@ -1,8 +1,9 @@
 /**
- * What a claim returns is the stored row as the claim left it (issue #17). SQLite's claim returns
- * only the columns it did not write itself (`state`, `updated_at`, `next_attempt_at` and
- * `claim_token` are its own parameters, filled in by the repository), and asks whether hand-overs
- * are due in a statement of its own: each claimed message must still equal `get()` of its id
+ * What a claim returns is the stored row as the claim left it (issue #17). A claim (SQLite and
+ * Postgres) returns only the columns it did not write itself (`state`, `updated_at`,
+ * `next_attempt_at` and `claim_token` are its own parameters, filled in by the repository);
+ * SQLite's asks whether hand-overs are due in a statement of its own: each claimed message must
+ * still equal `get()` of its id
  * (first claims, retries that keep their last error, keyed messages with their key sequence),
  * and a dispatched head left to hand over is still handed over by the next claim. Real SQLite
  * files and real Postgres (postgres.js and node-postgres).

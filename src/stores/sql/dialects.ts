@@ -41,10 +41,10 @@ export interface OutboxStatements {
   /** $1 JSON array of ids */
   getMany: string;
   /**
-   * $1 now, $2 lease expiry, $3 limit, $4 claim token. Postgres: returns `columns`, and each row
-   * also says whether hand-overs are due (`stale_heads`). SQLite: returns only
-   * {@linkcode sqliteClaimColumns} (the rest is what the claim wrote: its parameters) and no
-   * `stale_heads` (run `staleHeads` after it).
+   * $1 now, $2 lease expiry, $3 limit, $4 claim token. Returns only {@linkcode claimColumns}
+   * (the rest is what the claim wrote: its parameters) and `key_sequence`. Postgres: each row
+   * also says whether hand-overs are due (`stale_heads`); SQLite: no `stale_heads` (run
+   * `staleHeads` after it).
    */
   claim: string;
   /** no parameters: `stale` is true when some dispatched head still has to hand over */
@@ -185,6 +185,15 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     } AS created_at, ${iso("t.updated_at")} AS updated_at, ${
       iso("t.next_attempt_at")
     } AS next_attempt_at, t.last_error, t.outcome::text AS outcome, t.claim_token, t.ordering_key`;
+  // What a claim returns: the columns it did not write (claimColumns), read as `columns` reads
+  // them.
+  const claimed = claimColumns.map((column) =>
+    column === "headers" || column === "outcome"
+      ? `t.${column}::text AS ${column}`
+      : column === "created_at"
+      ? `${iso("t.created_at")} AS created_at`
+      : `t.${column}`
+  ).join(", ");
   const withNotify = (ctes: string, insert: string, channel: string) =>
     notify
       ? `WITH ${ctes}, ins AS (${insert}) SELECT ins.* FROM ins, (SELECT pg_notify(${channel}, '${o}')) AS wake`
@@ -316,7 +325,7 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     // FOR NO KEY UPDATE: an enqueue holding its key's head FOR KEY SHARE never hides the head
     // from a claim.
     claim:
-      `UPDATE ${o} AS t SET state = 'claimed', attempts = t.attempts + 1, updated_at = $1::timestamptz, next_attempt_at = $2::timestamptz, claim_token = $4 WHERE t.id = ANY(ARRAY(WITH p AS (SELECT id, seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED), r AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= $1::timestamptz ORDER BY next_attempt_at LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED), u AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL ORDER BY next_attempt_at DESC LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED) SELECT c.id FROM (SELECT id, seq FROM p UNION ALL SELECT id, seq FROM r UNION ALL SELECT id, seq FROM u) AS c ORDER BY c.seq LIMIT $3::int)) RETURNING ${columns}, ${stale} AS stale_heads, ${keySequence} AS key_sequence`,
+      `UPDATE ${o} AS t SET state = 'claimed', attempts = t.attempts + 1, updated_at = $1::timestamptz, next_attempt_at = $2::timestamptz, claim_token = $4 WHERE t.id = ANY(ARRAY(WITH p AS (SELECT id, seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED), r AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= $1::timestamptz ORDER BY next_attempt_at LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED), u AS (SELECT id, seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL ORDER BY next_attempt_at DESC LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED) SELECT c.id FROM (SELECT id, seq FROM p UNION ALL SELECT id, seq FROM r UNION ALL SELECT id, seq FROM u) AS c ORDER BY c.seq LIMIT $3::int)) RETURNING ${claimed}, ${stale} AS stale_heads, CASE WHEN t.ordering_key IS NULL THEN NULL ELSE ${keySequence} END AS key_sequence`,
     staleHeads: `SELECT ${stale} AS stale`,
     keySequences: [],
     markManyRecordingKeys: "", // built from markMany by outboxStatements
@@ -406,11 +415,12 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
 }
 
 /**
- * The outbox columns SQLite's claim leaves out of what it returns: those it sets to its own
- * parameters (the repository knows them, and each returned column is a string node:sqlite copies
- * into a new JavaScript string, per row), and `key_head` (a claimed keyed row is its key's head).
+ * The outbox columns a claim leaves out of what it returns: those it sets to its own parameters
+ * (the repository knows them; each returned column is a value the driver decodes per row, and
+ * on Postgres each timestamp one more `to_char` per row), and `key_head` (a claimed keyed row is
+ * its key's head).
  */
-const sqliteClaimOmits: ReadonlySet<string> = new Set([
+const claimOmits: ReadonlySet<string> = new Set([
   "state",
   "updated_at",
   "next_attempt_at",
@@ -419,13 +429,13 @@ const sqliteClaimOmits: ReadonlySet<string> = new Set([
 ]);
 
 /**
- * The columns SQLite's claim returns (plus `key_sequence`): `seq`, then every other column of the
- * outbox ({@linkcode outboxColumnsV3}) but those in `sqliteClaimOmits`, so a column added to the
- * schema is returned (and checked in every claimed row) without being listed here.
+ * The columns a claim returns (plus `key_sequence`), in both dialects: `seq`, then every other
+ * column of the outbox ({@linkcode outboxColumnsV3}) but those in `claimOmits`, so a column added
+ * to the schema is returned (and checked in every claimed row) without being listed here.
  */
-export const sqliteClaimColumns: readonly string[] = [
+export const claimColumns: readonly string[] = [
   "seq",
-  ...outboxColumnsV3.filter((column) => column !== "seq" && !sqliteClaimOmits.has(column)),
+  ...outboxColumnsV3.filter((column) => column !== "seq" && !claimOmits.has(column)),
 ];
 
 function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
@@ -484,7 +494,7 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
     // `staleHeads` after the claim, instead of in every row.
     claim:
       `UPDATE ${o} SET state = 'claimed', attempts = attempts + 1, updated_at = ?1, next_attempt_at = ?2, claim_token = ?4 WHERE seq IN (SELECT seq FROM (SELECT seq FROM (SELECT seq FROM ${o} WHERE ${pendingSql} ORDER BY seq LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT ?3) UNION ALL SELECT seq FROM (SELECT seq FROM ${o} WHERE ${retrySql} AND next_attempt_at IS NULL LIMIT ?3)) ORDER BY seq LIMIT ?3) RETURNING ${
-        sqliteClaimColumns.join(", ")
+        claimColumns.join(", ")
       }, CASE WHEN ordering_key IS NULL THEN NULL ELSE ${keySequence} END AS key_sequence`,
     staleHeads: `SELECT ${stale} AS stale`,
     keySequences: [

@@ -50,12 +50,11 @@ import {
   validateOutboxRecord,
 } from "../../core/validate.ts";
 import { type ClaimWrite, decodeOutboxRow, decodeOutboxRowLoosely, integer } from "./decode.ts";
-import { type OutboxStatements, outboxStatements, sqliteClaimColumns } from "./dialects.ts";
+import { claimColumns, type OutboxStatements, outboxStatements } from "./dialects.ts";
 import { PlannedStatements } from "./plan_generations.ts";
 import { pruneBatch } from "./prune_batches.ts";
 import { retireIdleKeys, retireKeyStatements } from "./retire_keys.ts";
 import type { SqlExecutor, SqlRow } from "./executors.ts";
-import { outboxColumnsV3 } from "./schema.ts";
 import { withSchemaErrors } from "./schema_errors.ts";
 import {
   checkDialect,
@@ -284,9 +283,9 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     const lease = addMs(now, leaseMs).toISOString();
     const token = newClaimToken();
     let rows = await this.executor.query(this.#sql.claim, [nowIso, lease, max, token]);
-    // SQLite's claim returns only the columns it did not write (dialects.ts).
+    // A claim returns only the columns it did not write (dialects.ts).
     const sqlite = this.dialect === "sqlite";
-    if (rows.length > 0) checkColumns(rows[0], sqlite ? sqliteClaimColumns : claimColumns);
+    if (rows.length > 0) checkColumns(rows[0], claimColumns);
     // Ordering keys: a dispatched head whose hand-over is still to do (an enqueue of its key was
     // in flight, or a process died between the mark and the hand-over) is handed over now.
     // Postgres's claim answers in its rows; SQLite asks after the claim.
@@ -309,9 +308,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     this.#plans.count(rows.length);
     // RETURNING gives no order: restore the claim order (seq).
     rows.sort((a, b) => (integer(a.seq) ?? 0) - (integer(b.seq) ?? 0));
-    const written: ClaimWrite | undefined = sqlite
-      ? { updatedAt: nowIso, nextAttemptAt: lease, claimToken: token }
-      : undefined;
+    const written: ClaimWrite = { updatedAt: nowIso, nextAttemptAt: lease, claimToken: token };
     const claimed: OutboxMessage[] = [];
     for (const row of rows) {
       try {
@@ -384,45 +381,64 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     const encoded = marks.map(encodeMark); // every mark checked before anything is sent
     const results = new Array<boolean>(marks.length).fill(false);
     const stale: string[] = [];
-    // Split into rounds with unique ids (normally exactly one round).
-    let remaining = marks.map((mark, index) => ({ mark, index }));
-    while (remaining.length > 0) {
-      const seen = new Set<string>();
-      const round: typeof remaining = [];
-      const later: typeof remaining = [];
-      for (const entry of remaining) {
-        const id = entry.mark?.claim?.id;
-        if (typeof id === "string" && seen.has(id)) later.push(entry);
-        else {
-          if (typeof id === "string") seen.add(id);
-          round.push(entry);
-        }
-      }
+    // Split into rounds with unique ids (normally exactly one round). Each round is read in ONE
+    // pass (indexed loops, no per-mark objects): markMany runs once per batch, too rarely for
+    // the engine to optimise it, so every pass over a batch costs.
+    let remaining: number[] | undefined; // the indexes of the marks of the next round
+    while (true) {
+      const indexes = remaining;
+      const count = indexes === undefined ? marks.length : indexes.length;
+      if (count === 0) break;
+      let later: number[] | undefined;
       const payload: EncodedMark[] = [];
+      const payloadIndexes: number[] = [];
+      // Every id of the round (also of marks that cannot match a row): a repetition waits for
+      // the next round. Payload ids are unique, so this also finds a payload mark's index.
       const indexById = new Map<string, number>();
-      for (const { index } of round) {
+      let plain = true;
+      for (let k = 0; k < count; k++) {
+        const index = indexes === undefined ? k : indexes[k];
+        const id = marks[index]?.claim?.id;
+        if (typeof id === "string") {
+          if (indexById.has(id)) {
+            (later ??= []).push(index);
+            continue;
+          }
+          indexById.set(id, index);
+        }
         const mark = encoded[index];
         if (!mark) continue; // cannot match any row: stays false
         payload.push(mark);
-        indexById.set(mark.id, index);
+        payloadIndexes.push(index);
+        if (plain && !isPlainDispatch(mark)) plain = false;
       }
+      remaining = later ?? [];
       // The common batch (every mark dispatched with a token, nothing else to record) goes
       // through a plain fenced update first; what it leaves (superseded, already applied, keyed
       // rows) takes the full path below, exactly as if it had been the batch.
       let rest = payload;
-      if (payload.length > 0 && payload.every(isPlainDispatch)) {
+      if (payload.length > 0 && plain) {
         // No prototype: an id such as "__proto__" is a key like any other.
         const fenced: Record<string, [number, string | null]> = Object.create(null);
-        for (const mark of payload) fenced[mark.id] = [mark.attempts, mark.token];
+        for (let k = 0; k < payload.length; k++) {
+          const mark = payload[k];
+          fenced[mark.id] = [mark.attempts, mark.token];
+        }
         const rows = await this.executor.query(this.#sql.markDispatchedFast, [
           JSON.stringify(fenced),
           nowIso,
         ]);
-        for (const row of rows) {
-          const index = indexById.get(row.id as string);
-          if (index !== undefined) results[index] = true;
+        if (rows.length === payload.length) {
+          // Each changed row is one of the payload's (distinct) ids: all of them applied.
+          for (let k = 0; k < payloadIndexes.length; k++) results[payloadIndexes[k]] = true;
+          rest = [];
+        } else if (rows.length > 0) {
+          for (let k = 0; k < rows.length; k++) {
+            const index = indexById.get(rows[k].id as string);
+            if (index !== undefined) results[index] = true;
+          }
+          rest = payload.filter((_, k) => !results[payloadIndexes[k]]);
         }
-        if (rows.length > 0) rest = payload.filter((mark) => !results[indexById.get(mark.id)!]);
       }
       if (rest.length > 0) {
         // The key fence: key sequences are recorded with the marks (see keySequences in
@@ -460,7 +476,6 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
           }
         }
       }
-      remaining = later;
     }
     if (stale.length > 0) {
       // Dispatched heads whose key showed no next message: hand over now (or, if that fails,
@@ -684,9 +699,6 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
     return this.executor.transaction(work);
   }
 }
-
-/** The columns Postgres's claim returns: all but key_head (it returns only rows ordering lets through). */
-const claimColumns = outboxColumnsV3.filter((column) => column !== "key_head");
 
 /** Insert attempts for a keyed record whose key gained a head concurrently. */
 const maxInsertRounds = 3;
