@@ -411,13 +411,7 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       // rows) takes the full path below, exactly as if it had been the batch.
       let rest = payload;
       if (payload.length > 0 && payload.every(isPlainDispatch)) {
-        // No prototype: an id such as "__proto__" is a key like any other.
-        const fenced: Record<string, [number, string | null]> = Object.create(null);
-        for (const mark of payload) fenced[mark.id] = [mark.attempts, mark.token];
-        const rows = await this.executor.query(this.#sql.markDispatchedFast, [
-          JSON.stringify(fenced),
-          nowIso,
-        ]);
+        const rows = await this.executor.query(...this.#fastMark(payload, nowIso));
         for (const row of rows) {
           const index = indexById.get(row.id as string);
           if (index !== undefined) results[index] = true;
@@ -468,6 +462,25 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       await this.#handOver(stale).catch(() => {});
     }
     return results;
+  }
+
+  /**
+   * The fast mark's statement and parameters for plain dispatched marks of distinct ids: marks
+   * that all carry one claim token (one claim's batch) bind it once where the dialect has
+   * `markDispatchedOneClaim`.
+   */
+  #fastMark(payload: readonly EncodedMark[], nowIso: string): [string, unknown[]] {
+    const token = payload[0].token;
+    const oneClaim = this.#sql.markDispatchedOneClaim;
+    if (oneClaim !== "" && payload.every((mark) => mark.token === token)) {
+      // No prototype: an id such as "__proto__" is a key like any other.
+      const attempts: Record<string, number> = Object.create(null);
+      for (const mark of payload) attempts[mark.id] = mark.attempts;
+      return [oneClaim, [JSON.stringify(attempts), nowIso, token]];
+    }
+    const fenced: Record<string, [number, string | null]> = Object.create(null);
+    for (const mark of payload) fenced[mark.id] = [mark.attempts, mark.token];
+    return [this.#sql.markDispatchedFast, [JSON.stringify(fenced), nowIso]];
   }
 
   /**
