@@ -411,12 +411,33 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       // rows) takes the full path below, exactly as if it had been the batch.
       let rest = payload;
       if (payload.length > 0 && payload.every(isPlainDispatch)) {
-        const rows = await this.executor.query(...this.#fastMark(payload, nowIso));
-        for (const row of rows) {
-          const index = indexById.get(row.id as string);
-          if (index !== undefined) results[index] = true;
+        const [sql, params, counted] = this.#fastMark(payload, nowIso);
+        const rows = await this.executor.query(sql, params);
+        if (counted && rows.length === payload.length) {
+          // A row per applied mark, and each mark can match one row only (distinct ids): all
+          // applied.
+          for (const mark of payload) results[indexById.get(mark.id)!] = true;
+          rest = [];
+        } else if (counted && rows.length > 0) {
+          // Some applied: those now dispatched under their claim (the marks an earlier call
+          // had applied too, which the full path would report as applied as well).
+          const applied = await this.executor.query(this.#sql.markApplied, [
+            JSON.stringify(
+              payload.map(({ id, attempts, token, state }) => ({ id, attempts, token, state })),
+            ),
+          ]);
+          for (const row of applied) {
+            const index = indexById.get(row.id as string);
+            if (index !== undefined) results[index] = true;
+          }
+          rest = payload.filter((mark) => !results[indexById.get(mark.id)!]);
+        } else if (!counted) {
+          for (const row of rows) {
+            const index = indexById.get(row.id as string);
+            if (index !== undefined) results[index] = true;
+          }
+          if (rows.length > 0) rest = payload.filter((mark) => !results[indexById.get(mark.id)!]);
         }
-        if (rows.length > 0) rest = payload.filter((mark) => !results[indexById.get(mark.id)!]);
       }
       if (rest.length > 0) {
         // The key fence: key sequences are recorded with the marks (see keySequences in
@@ -467,20 +488,21 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   /**
    * The fast mark's statement and parameters for plain dispatched marks of distinct ids: marks
    * that all carry one claim token (one claim's batch) bind it once where the dialect has
-   * `markDispatchedOneClaim`.
+   * `markDispatchedOneClaim`, which returns a row per applied mark without its id (`true`:
+   * counted); otherwise `markDispatchedFast`, which returns the applied ids.
    */
-  #fastMark(payload: readonly EncodedMark[], nowIso: string): [string, unknown[]] {
+  #fastMark(payload: readonly EncodedMark[], nowIso: string): [string, unknown[], boolean] {
     const token = payload[0].token;
     const oneClaim = this.#sql.markDispatchedOneClaim;
     if (oneClaim !== "" && payload.every((mark) => mark.token === token)) {
       // No prototype: an id such as "__proto__" is a key like any other.
       const attempts: Record<string, number> = Object.create(null);
       for (const mark of payload) attempts[mark.id] = mark.attempts;
-      return [oneClaim, [JSON.stringify(attempts), nowIso, token]];
+      return [oneClaim, [JSON.stringify(attempts), nowIso, token], true];
     }
     const fenced: Record<string, [number, string | null]> = Object.create(null);
     for (const mark of payload) fenced[mark.id] = [mark.attempts, mark.token];
-    return [this.#sql.markDispatchedFast, [JSON.stringify(fenced), nowIso]];
+    return [this.#sql.markDispatchedFast, [JSON.stringify(fenced), nowIso], false];
   }
 
   /**
