@@ -221,6 +221,13 @@ Deno.test("sqlite: with 200k dispatched rows the claim reads only the covering c
       fast.join(" | "),
     );
     assert.ok(!fast.some((detail) => /^SCAN t$/.test(detail)), fast.join(" | "));
+    // So does its form for the marks of one claim (the token bound once).
+    const oneClaim = plan(statements.markDispatchedOneClaim);
+    assert.ok(
+      oneClaim.some((detail) => detail.includes("USING INDEX sqlite_autoindex")),
+      oneClaim.join(" | "),
+    );
+    assert.ok(!oneClaim.some((detail) => /^SCAN t$/.test(detail)), oneClaim.join(" | "));
     const prune = plan(statements.prune.dispatched);
     assert.ok(
       prune.some((detail) => detail.includes("trellis_outbox_retention_idx")),

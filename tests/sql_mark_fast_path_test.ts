@@ -204,6 +204,25 @@ const cases: Array<{ name: string; run(outbox: SqlOutboxRepository): Promise<voi
     },
   },
   {
+    name:
+      "one claim's batch partly applied by the fast mark: a retried mark, a new one, a keyed one",
+    async run(outbox) {
+      await outbox.enqueueMany([record("a"), record("b"), record("k-1", "k"), record("k-2", "k")]);
+      const claimed = await outbox.claimDue(10, t0);
+      const byId = new Map(claimed.map((claim) => [claim.id, claim]));
+      assert.deepEqual([...byId.keys()].toSorted(), ["a", "b", "k-1"]);
+      assert.deepEqual(await outbox.markMany([dispatched(byId.get("a")!)], at(1)), [true]);
+      // "a" was applied before (a retry), "b" is applied by the fast mark, "k-1" (keyed) by the
+      // full path, which hands its key over.
+      const batch = ["k-1", "a", "b"].map((id) => dispatched(byId.get(id)!));
+      assert.deepEqual(await outbox.markMany(batch, at(2)), [true, true, true]);
+      assert.equal((await outbox.get("a"))?.updatedAt, at(1).toISOString());
+      assert.equal((await outbox.get("b"))?.updatedAt, at(2).toISOString());
+      assert.equal((await outbox.get("k-1"))?.state, "dispatched");
+      assert.deepEqual((await outbox.claimDue(10, at(3))).map((m) => m.id), ["k-2"]);
+    },
+  },
+  {
     name: "the same mark twice in one batch: both true, applied once",
     async run(outbox) {
       await outbox.enqueueMany(["a", "b"].map((id) => record(id)));

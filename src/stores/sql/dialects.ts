@@ -76,6 +76,15 @@ export interface OutboxStatements {
    */
   markDispatchedFast: string;
   /**
+   * SQLite: `markDispatchedFast` for marks of ONE claim (the batch of a single `claimDue`, the
+   * usual case): $1 JSON object `{id: attempts}`, $2 now, $3 the claim token they all carry; same
+   * fence, but it returns one row (`n`) per row it changed, not the ids: all marks applied when
+   * it returns as many rows as marks (ids are distinct); otherwise `markApplied` tells which. The
+   * token is bound once instead of repeated in every entry, each entry's attempts are read
+   * without parsing a nested array, and no id is copied back. Postgres: "" (unused).
+   */
+  markDispatchedOneClaim: string;
+  /**
    * $1 JSON array of {id, attempts, token, state}: the ids already in `state` with claim token
    * `token` and the same attempts
    * (marks applied before by the same claim)
@@ -348,6 +357,7 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     // `state || ''`: as in markMany.
     markDispatchedFast:
       `UPDATE ${o} AS t SET state = 'dispatched', updated_at = $2::timestamptz, next_attempt_at = NULL, last_error = NULL WHERE t.id = ANY(ARRAY(SELECT jsonb_object_keys($1::text::jsonb))) AND t.state || '' = 'claimed' AND t.claim_token = (SELECT $1::text::jsonb) -> t.id ->> 1 AND t.attempts = ((SELECT $1::text::jsonb) -> t.id ->> 0)::int AND t.ordering_key IS NULL RETURNING t.id`,
+    markDispatchedOneClaim: "",
     markApplied:
       `SELECT t.id FROM ${o} AS t JOIN json_to_recordset($1::text::json) AS m(id text, attempts integer, token text, state text) ON t.id = m.id WHERE t.claim_token = m.token AND t.attempts = m.attempts AND t.state = m.state`,
     heldStale:
@@ -516,6 +526,8 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
       } AS outcome FROM json_each(?1)) AS m WHERE t.id = m.id AND t.state = 'claimed' AND (CASE WHEN m.token IS NULL THEN t.attempts = m.attempts AND (m.lease IS NULL OR t.next_attempt_at = m.lease) ELSE t.claim_token = m.token AND t.attempts = m.attempts END) RETURNING id, seq, ordering_key IS NOT NULL AND key_head AND state = 'dispatched' AS stale`,
     markDispatchedFast:
       `UPDATE ${o} AS t SET state = 'dispatched', updated_at = ?2, next_attempt_at = NULL, last_error = NULL FROM (SELECT key AS id, json_extract(value, '$[0]') AS attempts, json_extract(value, '$[1]') AS token FROM json_each(?1)) AS m WHERE t.id = m.id AND t.state = 'claimed' AND t.claim_token = m.token AND t.attempts = m.attempts AND t.ordering_key IS NULL RETURNING id`,
+    markDispatchedOneClaim:
+      `UPDATE ${o} AS t SET state = 'dispatched', updated_at = ?2, next_attempt_at = NULL, last_error = NULL FROM (SELECT key AS id, value AS attempts FROM json_each(?1)) AS m WHERE t.id = m.id AND t.state = 'claimed' AND t.claim_token = ?3 AND t.attempts = m.attempts AND t.ordering_key IS NULL RETURNING 1 AS n`,
     markApplied: `SELECT t.id AS id FROM ${o} AS t JOIN (SELECT ${field("id")} AS id, ${
       field("attempts")
     } AS attempts, ${field("token")} AS token, ${

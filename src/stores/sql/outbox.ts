@@ -418,23 +418,26 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       // rows) takes the full path below, exactly as if it had been the batch.
       let rest = payload;
       if (payload.length > 0 && plain) {
-        // No prototype: an id such as "__proto__" is a key like any other.
-        const fenced: Record<string, [number, string | null]> = Object.create(null);
-        for (let k = 0; k < payload.length; k++) {
-          const mark = payload[k];
-          fenced[mark.id] = [mark.attempts, mark.token];
-        }
-        const rows = await this.executor.query(this.#sql.markDispatchedFast, [
-          JSON.stringify(fenced),
-          nowIso,
-        ]);
+        const [sql, params, counted] = this.#fastMark(payload, nowIso);
+        const rows = await this.executor.query(sql, params);
         if (rows.length === payload.length) {
-          // Each changed row is one of the payload's (distinct) ids: all of them applied.
+          // A row per applied mark, and each mark can match one row only (distinct ids): all
+          // of them applied.
           for (let k = 0; k < payloadIndexes.length; k++) results[payloadIndexes[k]] = true;
           rest = [];
         } else if (rows.length > 0) {
-          for (let k = 0; k < rows.length; k++) {
-            const index = indexById.get(rows[k].id as string);
+          // Some applied. Rows naming their ids say which; counted rows do not, so ask which
+          // marks are now dispatched under their claim (the marks an earlier call had applied
+          // too, which the full path would report as applied as well).
+          const applied = counted
+            ? await this.executor.query(this.#sql.markApplied, [
+              JSON.stringify(
+                payload.map(({ id, attempts, token, state }) => ({ id, attempts, token, state })),
+              ),
+            ])
+            : rows;
+          for (let k = 0; k < applied.length; k++) {
+            const index = indexById.get(applied[k].id as string);
             if (index !== undefined) results[index] = true;
           }
           rest = payload.filter((_, k) => !results[payloadIndexes[k]]);
@@ -483,6 +486,26 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       await this.#handOver(stale).catch(() => {});
     }
     return results;
+  }
+
+  /**
+   * The fast mark's statement and parameters for plain dispatched marks of distinct ids: marks
+   * that all carry one claim token (one claim's batch) bind it once where the dialect has
+   * `markDispatchedOneClaim`, which returns a row per applied mark without its id (`true`:
+   * counted); otherwise `markDispatchedFast`, which returns the applied ids.
+   */
+  #fastMark(payload: readonly EncodedMark[], nowIso: string): [string, unknown[], boolean] {
+    const token = payload[0].token;
+    const oneClaim = this.#sql.markDispatchedOneClaim;
+    if (oneClaim !== "" && payload.every((mark) => mark.token === token)) {
+      // No prototype: an id such as "__proto__" is a key like any other.
+      const attempts: Record<string, number> = Object.create(null);
+      for (const mark of payload) attempts[mark.id] = mark.attempts;
+      return [oneClaim, [JSON.stringify(attempts), nowIso, token], true];
+    }
+    const fenced: Record<string, [number, string | null]> = Object.create(null);
+    for (const mark of payload) fenced[mark.id] = [mark.attempts, mark.token];
+    return [this.#sql.markDispatchedFast, [JSON.stringify(fenced), nowIso], false];
   }
 
   /**
