@@ -93,6 +93,7 @@ import {
   corruptMessage,
   encodeJson,
   type KeyEntry,
+  loadedRecordCodec,
   type Marker,
   markerOf,
   type RecordCodec,
@@ -222,6 +223,8 @@ interface Cached {
   record: StoredOutboxRecord;
   /** The record's size as written (encoded), for `outcomeRoomBytes`. */
   bytes?: number;
+  /** The record's key (`outboxRecordKey(record.id)`), so a mark need not encode the id again. */
+  key?: string;
 }
 
 /** A settled message's record revision as read by the caller of a hand-over (`dead`: its state). */
@@ -1430,7 +1433,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       throw error;
     }
     this.#index.hint(entry.markerKey, Date.parse(leaseUntil), written);
-    this.#remember(next, written, value.length);
+    this.#remember(next, written, value.length, entry.recordKey);
     return { order: next.seq!, message: toMessage(next) };
   }
 
@@ -1462,7 +1465,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   async #inspect(
     entry: ActiveEntry,
   ): Promise<{ record: StoredOutboxRecord; revision: number } | "dropped" | "waiting"> {
-    const codec = await recordCodec();
+    const codec = loadedRecordCodec() ?? await recordCodec();
     // The marker as seen before the read: the watch may rewrite this entry meanwhile (a
     // requeue's new marker), and only the marker observed here may be dropped.
     const observed = entry.markerRevision;
@@ -1513,7 +1516,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   async #settle(mark: OutboxMark, now: Date): Promise<boolean> {
-    const codec = await recordCodec();
+    const codec = loadedRecordCodec() ?? await recordCodec();
     if (typeof mark?.claim !== "object" || mark.claim === null) return false;
     const { claim } = mark;
     if (!(now instanceof Date) || !Number.isFinite(now.getTime())) {
@@ -1525,8 +1528,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     ) {
       throw new OutboxValidationError("nextAttemptAt", "nextAttemptAt must be a valid Date");
     }
-    const key = await outboxRecordKey(claim.id);
     const cached = this.#claims.get(claim.id);
+    const key = cached?.key ?? await outboxRecordKey(claim.id);
     let current = cached && verdictOf(cached.record, mark) === "apply" ? cached : undefined;
     // Set when the server refused the dispatched record's size after all (see below).
     let tooLarge: string | undefined;
@@ -2079,10 +2082,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       : await this.#requests.update(state.entryKey, encodeJson(value), state.revision);
   }
 
-  #remember(record: StoredOutboxRecord, revision: number, bytes?: number): void {
+  #remember(record: StoredOutboxRecord, revision: number, bytes?: number, key?: string): void {
     if (this.#claimCacheSize === 0) return;
     this.#claims.delete(record.id);
-    this.#claims.set(record.id, { record, revision, bytes });
+    this.#claims.set(record.id, { record, revision, bytes, key });
     if (this.#claims.size > this.#claimCacheSize) {
       this.#claims.delete(this.#claims.keys().next().value!);
     }

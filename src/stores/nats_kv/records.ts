@@ -15,13 +15,19 @@ export const isoPattern = "^\\d{4}-\\d{2}-\\d{2}T\\d{2}:\\d{2}:\\d{2}\\.\\d{3}Z$
 export type RecordCodec = typeof import("./record_schemas.ts");
 
 let codec: Promise<RecordCodec> | undefined;
+let loaded: RecordCodec | undefined;
 
 /**
  * Loads the typebox schemas of the KV entries once per process, on first use by a KV repository,
  * so that importing this package for another store does not load typebox.
  */
 export function recordCodec(): Promise<RecordCodec> {
-  return codec ??= import("./record_schemas.ts");
+  return codec ??= import("./record_schemas.ts").then((module) => loaded = module);
+}
+
+/** The codec once {@linkcode recordCodec} has loaded it (no promise to await on hot paths). */
+export function loadedRecordCodec(): RecordCodec | undefined {
+  return loaded;
 }
 
 /** The canonical record of an outbox message. */
