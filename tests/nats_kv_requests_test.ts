@@ -14,6 +14,7 @@ import fc from "fast-check";
 import { JetStreamClientImpl } from "@nats-io/jetstream/internal";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { KvRequests, plainAckSeq } from "../src/stores/nats_kv/kv_requests.ts";
+import { encodeText } from "../src/stores/nats_kv/slab_encoder.ts";
 import { countingKv, newCounts } from "./nats_kv_fixture.ts";
 import { connectNats, eventually, NatsServer, sleep, uniqueName } from "./kit/mod.ts";
 
@@ -768,4 +769,27 @@ Deno.test("kv requests: a PubAck read from its bytes gives what JSON.parse gives
     }),
     { numRuns: 5_000 },
   );
+});
+
+Deno.test("kv requests: encodeText gives TextEncoder's bytes, and a view is never written over", () => {
+  const encoder = new TextEncoder();
+  const kept: Array<{ text: string; bytes: Uint8Array }> = [];
+  fc.assert(
+    fc.property(
+      fc.oneof(
+        fc.string({ maxLength: 300 }),
+        fc.string({ unit: "grapheme", maxLength: 300 }),
+        fc.string({ unit: "binary", maxLength: 3_000 }),
+        fc.string({ maxLength: 20_000 }),
+        fc.constantFrom("\ud800", "a\udc00b", "é", "NATS/1.0\r\n\r\n"),
+      ),
+      (text) => {
+        const bytes = encodeText(text);
+        assert.deepEqual(bytes, encoder.encode(text));
+        kept.push({ text, bytes });
+      },
+    ),
+    { numRuns: 3_000 },
+  );
+  for (const { text, bytes } of kept) assert.deepEqual(bytes, encoder.encode(text));
 });

@@ -30,6 +30,7 @@ import { JetStreamApiError, JetStreamError, PubHeaders } from "@nats-io/jetstrea
 import { BaseApiClientImpl, DirectMsgImpl, JetStreamClientImpl } from "@nats-io/jetstream/internal";
 import { headers, type Msg, type MsgHdrs } from "@nats-io/nats-core";
 import { type ReplyMuxConnection, replyMuxFor } from "./reply_mux.ts";
+import { encodeText } from "./slab_encoder.ts";
 import { ApiStoredMessage, DirectMessage, type StoredMessageResponse } from "./stored_messages.ts";
 
 /** The bucket's JetStream client, as this module uses it (`JetStreamClientImpl`). */
@@ -312,7 +313,7 @@ export class KvRequests {
         status.description.toLowerCase() === "message not found";
       return notFound ? null : await this.#kv.get(key);
     }
-    const query = encoder.encode(JSON.stringify({ last_by_subj: last }));
+    const query = encodeText(JSON.stringify({ last_by_subj: last }));
     const reply = await mux.request(
       `${api.prefix}.STREAM.MSG.GET.${stream}`,
       query,
@@ -449,7 +450,7 @@ class EncodedHeaders {
   }
 
   encode(): Uint8Array {
-    return this.#text === "" ? empty : encoder.encode(this.#text);
+    return this.#text === "" ? empty : encodeText(this.#text);
   }
 }
 
