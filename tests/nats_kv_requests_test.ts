@@ -8,13 +8,15 @@
 
 import assert from "node:assert/strict";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { headers } from "@nats-io/nats-core";
+import { headers, Match, type MsgHdrs } from "@nats-io/nats-core";
+import { MsgHdrsImpl } from "@nats-io/nats-core/internal";
 import { Base64KeyCodec, Bucket, type KV, type KvCodecs, Kvm, NoopKvCodecs } from "@nats-io/kv";
 import fc from "fast-check";
 import { JetStreamClientImpl } from "@nats-io/jetstream/internal";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { KvRequests, plainAckSeq } from "../src/stores/nats_kv/kv_requests.ts";
 import { encodeText } from "../src/stores/nats_kv/slab_encoder.ts";
+import { ApiStoredMessage } from "../src/stores/nats_kv/stored_messages.ts";
 import { countingKv, newCounts } from "./nats_kv_fixture.ts";
 import { connectNats, eventually, NatsServer, sleep, uniqueName } from "./kit/mod.ts";
 
@@ -792,4 +794,76 @@ Deno.test("kv requests: encodeText gives TextEncoder's bytes, and a view is neve
     { numRuns: 3_000 },
   );
   for (const { text, bytes } of kept) assert.deepEqual(bytes, encoder.encode(text));
+});
+
+Deno.test("kv requests: a STREAM.MSG.GET message's headers answer as MsgHdrsImpl.decode's do", () => {
+  const names = ["KV-Operation", "kv-operation", "Nats-Marker-Reason", "Nats-Msg-Size", "A", ""];
+  const line = fc.oneof(
+    fc.tuple(
+      fc.oneof(fc.constantFrom(...names), fc.string({ maxLength: 6 }), fc.constant("Bad Name")),
+      fc.oneof(fc.constantFrom("DEL", " PURGE ", "MaxAge", "12", "", "a\nb", "é"), fc.string()),
+    ).map(([name, value]) => `${name}:${value}`),
+    fc.constantFrom("", "no colon", "NATS/1.0"),
+  );
+  const block = fc.tuple(
+    fc.constantFrom("NATS/1.0", "NATS/1.0 404 Not Found", "NATS/1.1", ""),
+    fc.array(line, { maxLength: 5 }),
+  ).map(([status, lines]) => [status, ...lines].join("\r\n") + "\r\n\r\n");
+  const encoder = new TextEncoder();
+  // Each lookup on its own (a malformed block throws at each, as decode throws).
+  const answers = (header: MsgHdrs) => {
+    const calls: Array<() => unknown> = names.flatMap((name) => [
+      () => header.has(name),
+      () => header.get(name),
+      () => header.last(name),
+    ]);
+    calls.push(() => header.get("kv-operation", Match.IgnoreCase), () => header.code);
+    return calls.map((call) => {
+      try {
+        return call();
+      } catch (error) {
+        return `${(error as Error).constructor.name}: ${(error as Error).message}`;
+      }
+    });
+  };
+  /** MsgHdrsImpl.decode's headers, or one that throws its error at every call. */
+  const decoded = (bytes: Uint8Array): MsgHdrs => {
+    try {
+      return MsgHdrsImpl.decode(bytes);
+    } catch (error) {
+      const fail = () => {
+        throw error;
+      };
+      return {
+        has: fail,
+        get: fail,
+        last: fail,
+        get code() {
+          return fail();
+        },
+      } as unknown as MsgHdrs;
+    }
+  };
+  fc.assert(
+    fc.property(block, (text) => {
+      const bytes = encoder.encode(text);
+      const hdrs = btoa(String.fromCharCode(...bytes));
+      const stored =
+        new ApiStoredMessage({ message: { subject: "s", seq: 1, time: "", hdrs } }).header;
+      assert.deepEqual(answers(stored), answers(decoded(bytes)), text);
+    }),
+    { numRuns: 5_000 },
+  );
+  // A change is seen by later lookups.
+  const header = new ApiStoredMessage({
+    message: {
+      subject: "s",
+      seq: 1,
+      time: "",
+      hdrs: btoa("NATS/1.0\r\nKV-Operation: DEL\r\n\r\n"),
+    },
+  }).header;
+  assert.equal(header.get("KV-Operation"), "DEL");
+  header.set("KV-Operation", "PURGE");
+  assert.equal(header.get("KV-Operation"), "PURGE");
 });
