@@ -223,8 +223,6 @@ interface Cached {
   record: StoredOutboxRecord;
   /** The record's size as written (encoded), for `outcomeRoomBytes`. */
   bytes?: number;
-  /** The record's key (`outboxRecordKey(record.id)`), so a mark need not encode the id again. */
-  key?: string;
 }
 
 /** A settled message's record revision as read by the caller of a hand-over (`dead`: its state). */
@@ -1433,7 +1431,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       throw error;
     }
     this.#index.hint(entry.markerKey, Date.parse(leaseUntil), written);
-    this.#remember(next, written, value.length, entry.recordKey);
+    this.#remember(next, written, value.length);
     return { order: next.seq!, message: toMessage(next) };
   }
 
@@ -1528,8 +1526,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     ) {
       throw new OutboxValidationError("nextAttemptAt", "nextAttemptAt must be a valid Date");
     }
+    const key = await outboxRecordKey(claim.id);
     const cached = this.#claims.get(claim.id);
-    const key = cached?.key ?? await outboxRecordKey(claim.id);
     let current = cached && verdictOf(cached.record, mark) === "apply" ? cached : undefined;
     // Set when the server refused the dispatched record's size after all (see below).
     let tooLarge: string | undefined;
@@ -2082,10 +2080,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       : await this.#requests.update(state.entryKey, encodeJson(value), state.revision);
   }
 
-  #remember(record: StoredOutboxRecord, revision: number, bytes?: number, key?: string): void {
+  #remember(record: StoredOutboxRecord, revision: number, bytes?: number): void {
     if (this.#claimCacheSize === 0) return;
     this.#claims.delete(record.id);
-    this.#claims.set(record.id, { record, revision, bytes, key });
+    this.#claims.set(record.id, { record, revision, bytes });
     if (this.#claims.size > this.#claimCacheSize) {
       this.#claims.delete(this.#claims.keys().next().value!);
     }
