@@ -108,7 +108,7 @@ const only = args.only ? new Set(args.only.split(",")) : undefined;
  */
 const baseline = args.baseline === undefined ? undefined : Deno.realPathSync(args.baseline);
 /** The dispatcher scenarios that get a baseline twin. */
-const baselineIds = new Set(["pg", "pg-keys", "pg-1key", "sqlite", "kv", "memory"]);
+const baselineIds = new Set(["pg", "pg-keys", "pg-1key", "sqlite", "kv", "kv-copies", "memory"]);
 const wanted = (id: string) => only === undefined || only.has(id);
 
 // --- scenarios -------------------------------------------------------------------------------

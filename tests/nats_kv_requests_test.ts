@@ -8,11 +8,15 @@
 
 import assert from "node:assert/strict";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { headers } from "@nats-io/nats-core";
-import { Bucket, type KV, Kvm } from "@nats-io/kv";
+import { headers, Match, type MsgHdrs } from "@nats-io/nats-core";
+import { MsgHdrsImpl } from "@nats-io/nats-core/internal";
+import { Base64KeyCodec, Bucket, type KV, type KvCodecs, Kvm, NoopKvCodecs } from "@nats-io/kv";
+import fc from "fast-check";
 import { JetStreamClientImpl } from "@nats-io/jetstream/internal";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { KvRequests } from "../src/stores/nats_kv/kv_requests.ts";
+import { KvRequests, plainAckSeq } from "../src/stores/nats_kv/kv_requests.ts";
+import { encodeText } from "../src/stores/nats_kv/slab_encoder.ts";
+import { ApiStoredMessage } from "../src/stores/nats_kv/stored_messages.ts";
 import { countingKv, newCounts } from "./nats_kv_fixture.ts";
 import { connectNats, eventually, NatsServer, sleep, uniqueName } from "./kit/mod.ts";
 
@@ -51,7 +55,7 @@ function entryShape(entry: Awaited<ReturnType<KV["get"]>>) {
 
 async function withBucket(
   run: (kv: KV, requests: KvRequests, nc: NatsConnection) => Promise<void>,
-  options: { allowDirect?: boolean; timeoutMs?: number } = {},
+  options: { allowDirect?: boolean; timeoutMs?: number; codec?: KvCodecs } = {},
 ): Promise<void> {
   const nc = await connectNats();
   const kv = await new Kvm(jetstream(nc, { timeout: options.timeoutMs ?? 5_000 })).create(
@@ -59,6 +63,7 @@ async function withBucket(
     {
       history: 1,
       allow_direct: options.allowDirect ?? true,
+      ...(options.codec ? { codec: options.codec } : {}),
     },
   );
   try {
@@ -661,4 +666,204 @@ Deno.test("kv requests: on a bucket that is not pipelined, a create over a tombs
     assert.equal((await read("k"))?.string(), "new");
     assert.equal((await read("k"))?.revision, revision);
   });
+});
+
+Deno.test("kv requests: a bucket with its own key codec gets the subjects and entries of its own calls", async () => {
+  // The pipelined path skips encodeKey only for NoopKvCodecs' identity; any other codec runs.
+  const codec: KvCodecs = { key: Base64KeyCodec(), value: NoopKvCodecs().value };
+  await withBucket(async (kv, requests, nc) => {
+    assert.equal(requests.pipelined, true);
+    const seen: string[] = [];
+    const sub = nc.subscribe(`$KV.${(kv as Bucket).bucket}.>`, {
+      callback: (_error, msg) => void seen.push(msg.subject),
+    });
+    await nc.flush();
+    const run = async (ops: Ops, key: string) => {
+      const first = await ops.put(key, "one");
+      await ops.update(key, "two", first);
+      const entry = await ops.get(key);
+      await ops.delete(key);
+      return entryShape(entry);
+    };
+    const own = await run({
+      get: (k) => kv.get(k),
+      put: (k, v) => kv.put(k, v),
+      update: (k, v, r) => kv.update(k, v, r),
+      create: (k, v) => kv.create(k, v),
+      delete: (k, o) => kv.delete(k, o),
+    }, "m.own");
+    const pipe = await run(requests, "m.pipe");
+    await requests.deleteUnconfirmed("m.pipe");
+    await nc.flush();
+    sub.unsubscribe();
+    const encoded = (key: string) => (kv as Bucket).encodeKey(key);
+    assert.notEqual(encoded("m.pipe"), "m.pipe");
+    const subject = (key: string) => `$KV.${(kv as Bucket).bucket}.${encoded(key)}`;
+    // put, update, delete; and the pipelined deleteUnconfirmed's.
+    assert.deepEqual(seen, [
+      ...Array(3).fill(subject("m.own")),
+      ...Array(4).fill(subject("m.pipe")),
+    ]);
+    assert.equal(own?.key, "m.own");
+    assert.equal(pipe?.key, "m.pipe");
+    assert.deepEqual({ ...pipe, key: "", revision: 0, created: "" }, {
+      ...own,
+      key: "",
+      revision: 0,
+      created: "",
+    });
+  }, { codec });
+});
+
+/** What `#publish` made of a PubAck before `plainAckSeq`: the parsed JSON's seq, when plain. */
+function parsedAckSeq(data: Uint8Array): number | undefined {
+  let value: { stream?: unknown; seq?: unknown; error?: unknown };
+  try {
+    value = JSON.parse(new TextDecoder().decode(data));
+  } catch {
+    return undefined;
+  }
+  if (value === null || typeof value !== "object" || "error" in value) return undefined;
+  return typeof value.stream === "string" && value.stream !== "" && typeof value.seq === "number"
+    ? value.seq
+    : undefined;
+}
+
+Deno.test("kv requests: a PubAck read from its bytes gives what JSON.parse gives, or defers to it", () => {
+  const encoder = new TextEncoder();
+  const plain = (text: string) => plainAckSeq(encoder.encode(text));
+  assert.equal(plain(`{"stream":"KV_a","seq":1}`), 1);
+  assert.equal(plain(`{"stream":"KV_a-b_c","seq":123456789012345}`), 123456789012345);
+  // Anything else goes to JSON.parse (and from there to parseJsResponse).
+  for (
+    const text of [
+      `{"stream":"","seq":1}`,
+      `{"stream":"KV_a","seq":01}`,
+      `{"stream":"KV_a","seq":1.5}`,
+      `{"stream":"KV_a","seq":-1}`,
+      `{"stream":"KV_a","seq":1,"duplicate":true}`,
+      `{"stream":"KV_a","seq":1 }`,
+      `{"stream":"KV_a","seq":1}\n`,
+      `{"stream":"K\\"V","seq":1}`,
+      `{"stream":"KV_a","seq":1234567890123456}`,
+      `{"stream":"KV_a","domain":"d","seq":1}`,
+      `{"error":{"code":400},"stream":"KV_a","seq":1}`,
+      `{"stream":"KV_a","seq":}`,
+      `{"stream":"KV_a"`,
+      ``,
+    ]
+  ) assert.equal(plain(text), undefined, text);
+  const ackLike = fc.tuple(
+    fc.constantFrom(`{"stream":"`, `{"stream": "`, `{"strea":"`),
+    fc.oneof(fc.string({ maxLength: 12 }), fc.constantFrom("KV_x", "a\\b", "")),
+    fc.constantFrom(`","seq":`, `", "seq":`, `","seq" :`),
+    fc.oneof(
+      fc.nat().map(String),
+      fc.constantFrom("0", "00", "-1", "1e3", "9007199254740993", "123456789012345"),
+    ),
+    fc.constantFrom("}", " }", ',"duplicate":true}', "", "}}", '}"'),
+  ).map((parts) => parts.join(""));
+  fc.assert(
+    fc.property(ackLike, (text) => {
+      const bytes = encoder.encode(text);
+      const fast = plainAckSeq(bytes);
+      if (fast !== undefined) assert.equal(fast, parsedAckSeq(bytes), text);
+    }),
+    { numRuns: 5_000 },
+  );
+});
+
+Deno.test("kv requests: encodeText gives TextEncoder's bytes, and a view is never written over", () => {
+  const encoder = new TextEncoder();
+  const kept: Array<{ text: string; bytes: Uint8Array }> = [];
+  fc.assert(
+    fc.property(
+      fc.oneof(
+        fc.string({ maxLength: 300 }),
+        fc.string({ unit: "grapheme", maxLength: 300 }),
+        fc.string({ unit: "binary", maxLength: 3_000 }),
+        fc.string({ maxLength: 20_000 }),
+        fc.constantFrom("\ud800", "a\udc00b", "é", "NATS/1.0\r\n\r\n"),
+      ),
+      (text) => {
+        const bytes = encodeText(text);
+        assert.deepEqual(bytes, encoder.encode(text));
+        kept.push({ text, bytes });
+      },
+    ),
+    { numRuns: 3_000 },
+  );
+  for (const { text, bytes } of kept) assert.deepEqual(bytes, encoder.encode(text));
+});
+
+Deno.test("kv requests: a STREAM.MSG.GET message's headers answer as MsgHdrsImpl.decode's do", () => {
+  const names = ["KV-Operation", "kv-operation", "Nats-Marker-Reason", "Nats-Msg-Size", "A", ""];
+  const line = fc.oneof(
+    fc.tuple(
+      fc.oneof(fc.constantFrom(...names), fc.string({ maxLength: 6 }), fc.constant("Bad Name")),
+      fc.oneof(fc.constantFrom("DEL", " PURGE ", "MaxAge", "12", "", "a\nb", "é"), fc.string()),
+    ).map(([name, value]) => `${name}:${value}`),
+    fc.constantFrom("", "no colon", "NATS/1.0"),
+  );
+  const block = fc.tuple(
+    fc.constantFrom("NATS/1.0", "NATS/1.0 404 Not Found", "NATS/1.1", ""),
+    fc.array(line, { maxLength: 5 }),
+  ).map(([status, lines]) => [status, ...lines].join("\r\n") + "\r\n\r\n");
+  const encoder = new TextEncoder();
+  // Each lookup on its own (a malformed block throws at each, as decode throws).
+  const answers = (header: MsgHdrs) => {
+    const calls: Array<() => unknown> = names.flatMap((name) => [
+      () => header.has(name),
+      () => header.get(name),
+      () => header.last(name),
+    ]);
+    calls.push(() => header.get("kv-operation", Match.IgnoreCase), () => header.code);
+    return calls.map((call) => {
+      try {
+        return call();
+      } catch (error) {
+        return `${(error as Error).constructor.name}: ${(error as Error).message}`;
+      }
+    });
+  };
+  /** MsgHdrsImpl.decode's headers, or one that throws its error at every call. */
+  const decoded = (bytes: Uint8Array): MsgHdrs => {
+    try {
+      return MsgHdrsImpl.decode(bytes);
+    } catch (error) {
+      const fail = () => {
+        throw error;
+      };
+      return {
+        has: fail,
+        get: fail,
+        last: fail,
+        get code() {
+          return fail();
+        },
+      } as unknown as MsgHdrs;
+    }
+  };
+  fc.assert(
+    fc.property(block, (text) => {
+      const bytes = encoder.encode(text);
+      const hdrs = btoa(String.fromCharCode(...bytes));
+      const stored =
+        new ApiStoredMessage({ message: { subject: "s", seq: 1, time: "", hdrs } }).header;
+      assert.deepEqual(answers(stored), answers(decoded(bytes)), text);
+    }),
+    { numRuns: 5_000 },
+  );
+  // A change is seen by later lookups.
+  const header = new ApiStoredMessage({
+    message: {
+      subject: "s",
+      seq: 1,
+      time: "",
+      hdrs: btoa("NATS/1.0\r\nKV-Operation: DEL\r\n\r\n"),
+    },
+  }).header;
+  assert.equal(header.get("KV-Operation"), "DEL");
+  header.set("KV-Operation", "PURGE");
+  assert.equal(header.get("KV-Operation"), "PURGE");
 });

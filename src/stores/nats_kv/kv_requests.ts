@@ -25,11 +25,12 @@
  * @module
  */
 
-import { Bucket, type KV, type KvEntry } from "@nats-io/kv";
+import { Bucket, type KV, type KvEntry, NoopKvCodecs } from "@nats-io/kv";
 import { JetStreamApiError, JetStreamError, PubHeaders } from "@nats-io/jetstream";
 import { BaseApiClientImpl, DirectMsgImpl, JetStreamClientImpl } from "@nats-io/jetstream/internal";
 import { headers, type Msg, type MsgHdrs } from "@nats-io/nats-core";
 import { type ReplyMuxConnection, replyMuxFor } from "./reply_mux.ts";
+import { encodeText } from "./slab_encoder.ts";
 import { ApiStoredMessage, DirectMessage, type StoredMessageResponse } from "./stored_messages.ts";
 
 /** The bucket's JetStream client, as this module uses it (`JetStreamClientImpl`). */
@@ -167,9 +168,9 @@ export class KvRequests {
    */
   deleteUnconfirmed(key: string): Promise<void> {
     const bucket = this.#bucket;
-    if (bucket === undefined || bucket.hasWildcards(key)) return this.#kv.delete(key);
+    if (bucket === undefined || hasWildcards(bucket, key)) return this.#kv.delete(key);
     try {
-      const encoded = bucket.encodeKey(key);
+      const encoded = encodeKey(bucket, key);
       bucket.validateKey(encoded);
       const js = bucket.js as unknown as JsClient;
       js.nc.publish(bucket.subjectForKey(encoded, true), empty, { headers: deleteHeaders() });
@@ -227,7 +228,7 @@ export class KvRequests {
     previousSeq: number | undefined,
     markerTTL: string | undefined,
   ): Promise<number | typeof notSent> {
-    const encoded = bucket.encodeKey(key);
+    const encoded = encodeKey(bucket, key);
     bucket.validateKey(encoded);
     const data = bucket.codec.value.encode(value);
     let h: MsgHdrs;
@@ -249,8 +250,8 @@ export class KvRequests {
     key: string,
     options: { previousSeq?: number } | undefined,
   ): Promise<void> {
-    if (bucket.hasWildcards(key)) return await this.#kv.delete(key, options);
-    const encoded = bucket.encodeKey(key);
+    if (hasWildcards(bucket, key)) return await this.#kv.delete(key, options);
+    const encoded = encodeKey(bucket, key);
     bucket.validateKey(encoded);
     const h = deleteHeaders(options?.previousSeq);
     const seq = await this.#publish(bucket, bucket.subjectForKey(encoded, true), empty, h);
@@ -272,6 +273,8 @@ export class KvRequests {
     if (timeout < 1) return notSent; // nc.request refuses it: the bucket's call says how
     const reply = await replyMuxFor(js.nc).request(subject, data, h, timeout);
     if (isNoResponders(reply)) return notSent;
+    const seq = plainAckSeq(reply.data);
+    if (seq !== undefined) return seq;
     const ack = plainResponse<{ stream?: unknown; seq?: unknown }>(reply);
     // The usual PubAck is read here; anything else (an error, another shape) by the client's
     // parseJsResponse, which throws what the bucket's call would.
@@ -288,7 +291,7 @@ export class KvRequests {
    * Any reply but a message or "not found" goes to `kv.get` (a read: running it again is safe).
    */
   async #get(bucket: Bucket, key: string): Promise<KvEntry | null> {
-    const encoded = bucket.encodeKey(key);
+    const encoded = encodeKey(bucket, key);
     bucket.validateKey(encoded);
     const stream = bucket.bucketName();
     const direct = bucket.direct;
@@ -310,7 +313,7 @@ export class KvRequests {
         status.description.toLowerCase() === "message not found";
       return notFound ? null : await this.#kv.get(key);
     }
-    const query = encoder.encode(JSON.stringify({ last_by_subj: last }));
+    const query = encodeText(JSON.stringify({ last_by_subj: last }));
     const reply = await mux.request(
       `${api.prefix}.STREAM.MSG.GET.${stream}`,
       query,
@@ -340,6 +343,80 @@ function entryOf(
 ): KvEntry | null {
   const entry = bucket.smToEntry(message);
   return (entry as { rawKey?: string }).rawKey === encoded ? entry : null;
+}
+
+/**
+ * `Bucket#encodeKey(key)`: `key` itself when the bucket's key codec is `NoopKvCodecs`' (the
+ * default: `encode(k) { return k; }` maps every token to itself, so splitting the key on its
+ * dots, encoding each token and joining them gives the key back), else the bucket's own.
+ */
+function encodeKey(bucket: Bucket, key: string): string {
+  const encode = bucket.codec?.key?.encode;
+  if (typeof encode !== "function") return bucket.encodeKey(key);
+  let identity = identities.get(encode);
+  if (identity === undefined) {
+    identity = Function.prototype.toString.call(encode) === identitySource;
+    identities.set(encode, identity);
+  }
+  return identity ? key : bucket.encodeKey(key);
+}
+
+/** The source text of `NoopKvCodecs().key.encode` (an identity: it uses nothing but its argument). */
+const identitySource = Function.prototype.toString.call(NoopKvCodecs().key.encode);
+/** Key `encode` functions seen, and whether their source is {@linkcode identitySource}. */
+const identities = new WeakMap<object, boolean>();
+
+/**
+ * `Bucket#hasWildcards(key)` without splitting `key`: a key with no `*` and no `>` has no
+ * wildcard token; one starting or ending with a dot, or with either character, goes to the
+ * bucket's (which throws for a bad key as before).
+ */
+function hasWildcards(bucket: Bucket, key: string): boolean {
+  if (
+    bucket.hasWildcards === moduleHasWildcards && key.indexOf("*") === -1 &&
+    key.indexOf(">") === -1 && key.charCodeAt(0) !== dot &&
+    key.charCodeAt(key.length - 1) !== dot
+  ) return false;
+  return bucket.hasWildcards(key);
+}
+
+/**
+ * `@nats-io/kv`'s own `hasWildcards` (a field every `Bucket` gets in its constructor, not a
+ * prototype method), from a bucket made only to read it.
+ */
+const moduleHasWildcards = new Bucket("reference", undefined as never, undefined as never)
+  .hasWildcards;
+const dot = 0x2e;
+const quote = 0x22;
+const backslash = 0x5c;
+/** `{"stream":"` and `","seq":` as bytes: the usual PubAck (`{"stream":"<name>","seq":<n>}`). */
+const ackHead = encoder.encode(`{"stream":"`);
+const ackSeq = encoder.encode(`","seq":`);
+
+/**
+ * The sequence of the usual PubAck, `{"stream":"<name>","seq":<n>}` exactly (a non-empty stream
+ * name without escapes, a JSON integer without leading zeros), read from its bytes; `undefined`
+ * for any other reply (an error, a `duplicate` or `domain` field, other spacing), which the
+ * caller parses as JSON. For this shape `JSON.parse` gives the same stream and sequence.
+ */
+export function plainAckSeq(data: Uint8Array): number | undefined {
+  const length = data.length;
+  if (length < ackHead.length + 1 + ackSeq.length + 2) return undefined;
+  for (let i = 0; i < ackHead.length; i++) if (data[i] !== ackHead[i]) return undefined;
+  let at = ackHead.length;
+  const nameStart = at;
+  while (at < length && data[at] !== quote) {
+    if (data[at] === backslash || data[at] < 0x20) return undefined;
+    at++;
+  }
+  if (at === nameStart) return undefined;
+  for (let i = 0; i < ackSeq.length; i++, at++) if (data[at] !== ackSeq[i]) return undefined;
+  const digitsStart = at;
+  let seq = 0;
+  while (at < length && data[at] >= 0x30 && data[at] <= 0x39) seq = seq * 10 + data[at++] - 0x30;
+  const digits = at - digitsStart;
+  if (digits === 0 || digits > 15 || (digits > 1 && data[digitsStart] === 0x30)) return undefined;
+  return at === length - 1 && data[at] === 0x7d ? seq : undefined;
 }
 
 /**
@@ -373,7 +450,7 @@ class EncodedHeaders {
   }
 
   encode(): Uint8Array {
-    return this.#text === "" ? empty : encoder.encode(this.#text);
+    return this.#text === "" ? empty : encodeText(this.#text);
   }
 }
 

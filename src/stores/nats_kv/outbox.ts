@@ -93,6 +93,7 @@ import {
   corruptMessage,
   encodeJson,
   type KeyEntry,
+  loadedRecordCodec,
   type Marker,
   markerOf,
   type RecordCodec,
@@ -1462,7 +1463,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   async #inspect(
     entry: ActiveEntry,
   ): Promise<{ record: StoredOutboxRecord; revision: number } | "dropped" | "waiting"> {
-    const codec = await recordCodec();
+    const codec = loadedRecordCodec() ?? await recordCodec();
     // The marker as seen before the read: the watch may rewrite this entry meanwhile (a
     // requeue's new marker), and only the marker observed here may be dropped.
     const observed = entry.markerRevision;
@@ -1513,7 +1514,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   async #settle(mark: OutboxMark, now: Date): Promise<boolean> {
-    const codec = await recordCodec();
+    const codec = loadedRecordCodec() ?? await recordCodec();
     if (typeof mark?.claim !== "object" || mark.claim === null) return false;
     const { claim } = mark;
     if (!(now instanceof Date) || !Number.isFinite(now.getTime())) {
@@ -2241,24 +2242,31 @@ function applyMark(
   mark: OutboxMark,
   nowIso: string,
 ): StoredOutboxRecord {
-  const next: StoredOutboxRecord = { ...record, state: mark.state, updatedAt: nowIso };
+  // Fields a mark drops are left out by destructuring, not `delete`d: a delete turns the object
+  // into a dictionary, which JSON.stringify (the write that follows) serialises ~2.5x slower.
+  // The key order, and so the JSON, is the same.
   switch (mark.state) {
-    case "dispatched":
-      delete next.nextAttemptAt;
-      delete next.lastError;
+    case "dispatched": {
+      const { nextAttemptAt: _due, lastError: _error, ...kept } = record;
+      const next: StoredOutboxRecord = { ...kept, state: mark.state, updatedAt: nowIso };
       if (mark.outcome !== undefined) next.outcome = structuredClone(mark.outcome);
       if (mark.sequence !== undefined && record.orderingKey !== undefined) {
         next.sequence = mark.sequence;
       }
-      break;
+      return next;
+    }
     case "failed":
-      next.nextAttemptAt = mark.nextAttemptAt.toISOString();
-      next.lastError = boundedError(mark.error);
-      break;
-    case "dead":
-      delete next.nextAttemptAt;
-      next.lastError = boundedError(mark.error);
-      break;
+      return {
+        ...record,
+        state: mark.state,
+        updatedAt: nowIso,
+        nextAttemptAt: mark.nextAttemptAt.toISOString(),
+        lastError: boundedError(mark.error),
+      };
+    case "dead": {
+      const { nextAttemptAt: _due, ...kept } = record;
+      return { ...kept, state: mark.state, updatedAt: nowIso, lastError: boundedError(mark.error) };
+    }
   }
-  return next;
+  return { ...record, state: (mark as OutboxMark).state, updatedAt: nowIso };
 }

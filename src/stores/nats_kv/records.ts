@@ -6,6 +6,7 @@
  */
 
 import type { OutboxCorruptRecordError } from "../../core/errors.ts";
+import { encodeText } from "./slab_encoder.ts";
 import type { JsonValue, OutboxMessage, OutboxRecordKind, OutboxState } from "../../core/types.ts";
 
 /** `Date#toISOString()` form. */
@@ -15,13 +16,19 @@ export const isoPattern = "^\\d{4}-\\d{2}-\\d{2}T\\d{2}:\\d{2}:\\d{2}\\.\\d{3}Z$
 export type RecordCodec = typeof import("./record_schemas.ts");
 
 let codec: Promise<RecordCodec> | undefined;
+let loaded: RecordCodec | undefined;
 
 /**
  * Loads the typebox schemas of the KV entries once per process, on first use by a KV repository,
  * so that importing this package for another store does not load typebox.
  */
 export function recordCodec(): Promise<RecordCodec> {
-  return codec ??= import("./record_schemas.ts");
+  return codec ??= import("./record_schemas.ts").then((module) => loaded = module);
+}
+
+/** The codec once {@linkcode recordCodec} has loaded it (no promise to await on hot paths). */
+export function loadedRecordCodec(): RecordCodec | undefined {
+  return loaded;
 }
 
 /** The canonical record of an outbox message. */
@@ -103,8 +110,6 @@ export interface InboxEntry {
   receivedAt: string;
 }
 
-const encoder = new TextEncoder();
-
 /** The marker of an active record (its key, its enqueue order once known, `extra` fields). */
 export function markerOf(record: StoredOutboxRecord, extra: Partial<Marker> = {}): Marker {
   const marker: Marker = { v: 1, id: record.id, ...extra };
@@ -113,11 +118,14 @@ export function markerOf(record: StoredOutboxRecord, extra: Partial<Marker> = {}
   return marker;
 }
 
-/** Serialises a record (or marker, or inbox entry) for a KV value. */
+/**
+ * Serialises a record (or marker, or inbox entry) for a KV value: a view of a shared buffer (see
+ * `slab_encoder.ts`), for a write; not to be kept.
+ */
 export function encodeJson(
   value: StoredOutboxRecord | Marker | InboxEntry | KeyEntry,
 ): Uint8Array {
-  return encoder.encode(JSON.stringify(value));
+  return encodeText(JSON.stringify(value));
 }
 
 /** A decoded record, or why it could not be decoded. */
