@@ -733,6 +733,7 @@ Deno.test("kv requests: a PubAck read from its bytes gives what JSON.parse gives
   const encoder = new TextEncoder();
   const plain = (text: string) => plainAckSeq(encoder.encode(text));
   assert.equal(plain(`{"stream":"KV_a","seq":1}`), 1);
+  assert.equal(plain(`{"stream":"KV_a", "seq":7}`), 7); // nats-server 2.9 and 2.10
   assert.equal(plain(`{"stream":"KV_a-b_c","seq":123456789012345}`), 123456789012345);
   // Anything else goes to JSON.parse (and from there to parseJsResponse).
   for (
@@ -743,6 +744,9 @@ Deno.test("kv requests: a PubAck read from its bytes gives what JSON.parse gives
       `{"stream":"KV_a","seq":-1}`,
       `{"stream":"KV_a","seq":1,"duplicate":true}`,
       `{"stream":"KV_a","seq":1 }`,
+      `{"stream":"KV_a",  "seq":1}`,
+      `{"stream":"KV_a" ,"seq":1}`,
+      `{"stream":"KV_a", "seq":1,"duplicate": true}`,
       `{"stream":"KV_a","seq":1}\n`,
       `{"stream":"K\\"V","seq":1}`,
       `{"stream":"KV_a","seq":1234567890123456}`,

@@ -389,19 +389,25 @@ const moduleHasWildcards = new Bucket("reference", undefined as never, undefined
 const dot = 0x2e;
 const quote = 0x22;
 const backslash = 0x5c;
-/** `{"stream":"` and `","seq":` as bytes: the usual PubAck (`{"stream":"<name>","seq":<n>}`). */
+/**
+ * `{"stream":"` and `"seq":` as bytes: the usual PubAck, `{"stream":"<name>","seq":<n>}` (2.11
+ * and later) or `{"stream":"<name>", "seq":<n>}` (2.9 and 2.10 write a space after the comma).
+ */
 const ackHead = encoder.encode(`{"stream":"`);
-const ackSeq = encoder.encode(`","seq":`);
+const ackSeq = encoder.encode(`"seq":`);
+const comma = 0x2c;
+const space = 0x20;
 
 /**
- * The sequence of the usual PubAck, `{"stream":"<name>","seq":<n>}` exactly (a non-empty stream
- * name without escapes, a JSON integer without leading zeros), read from its bytes; `undefined`
- * for any other reply (an error, a `duplicate` or `domain` field, other spacing), which the
- * caller parses as JSON. For this shape `JSON.parse` gives the same stream and sequence.
+ * The sequence of the usual PubAck, `{"stream":"<name>","seq":<n>}` exactly, or with one space
+ * after the comma (a non-empty stream name without escapes, a JSON integer without leading
+ * zeros), read from its bytes; `undefined` for any other reply (an error, a `duplicate` or
+ * `domain` field, other spacing), which the caller parses as JSON. For this shape `JSON.parse`
+ * gives the same stream and sequence.
  */
 export function plainAckSeq(data: Uint8Array): number | undefined {
   const length = data.length;
-  if (length < ackHead.length + 1 + ackSeq.length + 2) return undefined;
+  if (length < ackHead.length + 1 + 2 + ackSeq.length + 2) return undefined;
   for (let i = 0; i < ackHead.length; i++) if (data[i] !== ackHead[i]) return undefined;
   let at = ackHead.length;
   const nameStart = at;
@@ -409,7 +415,8 @@ export function plainAckSeq(data: Uint8Array): number | undefined {
     if (data[at] === backslash || data[at] < 0x20) return undefined;
     at++;
   }
-  if (at === nameStart) return undefined;
+  if (at === nameStart || data[at + 1] !== comma) return undefined;
+  at += data[at + 2] === space ? 3 : 2;
   for (let i = 0; i < ackSeq.length; i++, at++) if (data[at] !== ackSeq[i]) return undefined;
   const digitsStart = at;
   let seq = 0;
