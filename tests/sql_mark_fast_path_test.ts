@@ -223,6 +223,19 @@ const cases: Array<{ name: string; run(outbox: SqlOutboxRepository): Promise<voi
     },
   },
   {
+    name:
+      "one claim's unkeyed batch partly applied by the counted fast mark: a retried mark, a new one",
+    async run(outbox) {
+      await outbox.enqueueMany([record("a"), record("b"), record("c")]);
+      const claimed = await outbox.claimDue(10, t0);
+      assert.deepEqual(await outbox.markMany([dispatched(claimed[0])], at(1)), [true]);
+      assert.deepEqual(await outbox.markMany(claimed.map(dispatched), at(2)), [true, true, true]);
+      assert.equal((await outbox.get("a"))?.updatedAt, at(1).toISOString());
+      assert.equal((await outbox.get("b"))?.updatedAt, at(2).toISOString());
+      assert.equal((await outbox.get("c"))?.updatedAt, at(2).toISOString());
+    },
+  },
+  {
     name: "the same mark twice in one batch: both true, applied once",
     async run(outbox) {
       await outbox.enqueueMany(["a", "b"].map((id) => record(id)));
