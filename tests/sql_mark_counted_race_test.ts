@@ -1,11 +1,11 @@
 /**
- * SQLite's one-claim fast mark returns a row per changed row, not the ids; when fewer rows come
- * back than marks (here: a keyed message in the batch, which the fast mark leaves to the full
- * path), markMany asks `markApplied` which marks applied. A row the fast mark just dispatched and
- * that a concurrent prune (retention 0) deletes before that question is then reported as not
- * applied, though the mark applied: the dispatcher counts it `superseded` and skips
- * `onDispatched`. Real SQLite file; the prune runs on a second connection between the two
- * statements.
+ * SQLite's one-claim fast mark once returned a row per changed row, not the ids; when fewer rows
+ * came back than marks (a keyed message in the batch, which the fast mark leaves to the full path,
+ * or a mark superseded by another relay's claim), markMany asked `markApplied` which marks
+ * applied. A row the fast mark had just dispatched and that a concurrent prune (retention 0)
+ * deleted before that question was then reported as not applied, though the mark applied: the
+ * dispatcher counted it `superseded` and skipped `onDispatched`. The fast mark now returns the ids
+ * it changed. Real SQLite file; the prune runs on a second connection right after the fast mark.
  */
 
 import assert from "node:assert/strict";
@@ -65,6 +65,49 @@ Deno.test("sqlite: a dispatched mark pruned right after it applied is still repo
     );
     assert.equal(await outbox.get("a"), undefined); // the prune did run after "a" applied
     assert.deepEqual(results, [true, true]);
+  } finally {
+    peerDb.close();
+    db.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("sqlite: a dispatched mark pruned right after it applied is reported applied next to a superseded mark of the same claim", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "outbox_counted_race_" });
+  const db = openSqlite(`${dir}/outbox.db`);
+  const peerDb = openSqlite(`${dir}/outbox.db`);
+  try {
+    const base = nodeSqliteExecutor(db);
+    await migrate(base, { dialect: "sqlite" });
+    const peer = new SqlOutboxRepository(nodeSqliteExecutor(peerDb), "sqlite");
+    let pruneNext = false;
+    const executor: SqlExecutor = {
+      ...base,
+      async query(text, params) {
+        const rows = await base.query(text, params);
+        if (pruneNext && /^UPDATE/.test(text) && rows.length > 0) {
+          pruneNext = false;
+          await peer.prune({ dispatchedBefore: new Date(t0.getTime() + 10_000) });
+        }
+        return rows;
+      },
+    };
+    const outbox = new SqlOutboxRepository(executor, "sqlite");
+    await outbox.enqueueMany([record("b"), record("a")]);
+    const claimed = await outbox.claimDue(10, t0, { leaseMs: 1_000 });
+    assert.deepEqual(claimed.map((m) => m.id), ["b", "a"]);
+    // The lease ran out and another relay took "b" (the oldest): this claim's mark of "b" is
+    // superseded, its mark of "a" (one claim token for both) still applies.
+    const taken = await peer.claimDue(1, new Date(t0.getTime() + 2_000));
+    assert.deepEqual(taken.map((m) => m.id), ["b"]);
+    pruneNext = true;
+    const results = await outbox.markMany(
+      claimed.map((claim) => ({ claim, state: "dispatched" as const })),
+      new Date(t0.getTime() + 1),
+    );
+    assert.equal(await outbox.get("a"), undefined); // the prune did run after "a" applied
+    assert.deepEqual(results, [false, true]);
+    assert.equal((await outbox.get("b"))?.state, "claimed"); // the peer's claim is untouched
   } finally {
     peerDb.close();
     db.close();

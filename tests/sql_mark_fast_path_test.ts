@@ -224,7 +224,7 @@ const cases: Array<{ name: string; run(outbox: SqlOutboxRepository): Promise<voi
   },
   {
     name:
-      "one claim's unkeyed batch partly applied by the counted fast mark: a retried mark, a new one",
+      "one claim's unkeyed batch partly applied by the one-claim fast mark: a retried mark, a new one",
     async run(outbox) {
       await outbox.enqueueMany([record("a"), record("b"), record("c")]);
       const claimed = await outbox.claimDue(10, t0);

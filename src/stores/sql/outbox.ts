@@ -396,7 +396,6 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       // the next round. Payload ids are unique, so this also finds a payload mark's index.
       const indexById = new Map<string, number>();
       let plain = true;
-      let keyed = false; // a mark of a keyed message: the fast mark leaves it to the full path
       for (let k = 0; k < count; k++) {
         const index = indexes === undefined ? k : indexes[k];
         const id = marks[index]?.claim?.id;
@@ -412,9 +411,6 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
         payload.push(mark);
         payloadIndexes.push(index);
         if (plain && !isPlainDispatch(mark)) plain = false;
-        if (!keyed && (marks[index].claim as { orderingKey?: unknown }).orderingKey !== undefined) {
-          keyed = true;
-        }
       }
       remaining = later ?? [];
       // The common batch (every mark dispatched with a token, nothing else to record) goes
@@ -422,26 +418,15 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
       // rows) takes the full path below, exactly as if it had been the batch.
       let rest = payload;
       if (payload.length > 0 && plain) {
-        const [sql, params, counted] = this.#fastMark(payload, nowIso, keyed);
+        const [sql, params] = this.#fastMark(payload, nowIso);
         const rows = await this.executor.query(sql, params);
         if (rows.length === payload.length) {
-          // A row per applied mark, and each mark can match one row only (distinct ids): all
-          // of them applied.
+          // Each changed row is one of the payload's (distinct) ids: all of them applied.
           for (let k = 0; k < payloadIndexes.length; k++) results[payloadIndexes[k]] = true;
           rest = [];
         } else if (rows.length > 0) {
-          // Some applied. Rows naming their ids say which; counted rows do not, so ask which
-          // marks are now dispatched under their claim (the marks an earlier call had applied
-          // too, which the full path would report as applied as well).
-          const applied = counted
-            ? await this.executor.query(this.#sql.markApplied, [
-              JSON.stringify(
-                payload.map(({ id, attempts, token, state }) => ({ id, attempts, token, state })),
-              ),
-            ])
-            : rows;
-          for (let k = 0; k < applied.length; k++) {
-            const index = indexById.get(applied[k].id as string);
+          for (let k = 0; k < rows.length; k++) {
+            const index = indexById.get(rows[k].id as string);
             if (index !== undefined) results[index] = true;
           }
           rest = payload.filter((_, k) => !results[payloadIndexes[k]]);
@@ -495,28 +480,20 @@ export class SqlOutboxRepository implements OutboxRepository, OutboxAdmin {
   /**
    * The fast mark's statement and parameters for plain dispatched marks of distinct ids: marks
    * that all carry one claim token (one claim's batch) bind it once where the dialect has
-   * `markDispatchedOneClaim`, which returns a row per applied mark without its id (`true`:
-   * counted); otherwise `markDispatchedFast`, which returns the applied ids. Not counted when a
-   * mark is `keyed` (the fast mark never applies it, so the count would fall short and ask
-   * `markApplied`, one more statement, after which a row this mark dispatched and a concurrent
-   * prune deleted meanwhile would be reported as not applied).
+   * `markDispatchedOneClaim`; otherwise `markDispatchedFast`. Both return the ids they changed.
    */
-  #fastMark(
-    payload: readonly EncodedMark[],
-    nowIso: string,
-    keyed: boolean,
-  ): [string, unknown[], boolean] {
+  #fastMark(payload: readonly EncodedMark[], nowIso: string): [string, unknown[]] {
     const token = payload[0].token;
     const oneClaim = this.#sql.markDispatchedOneClaim;
-    if (oneClaim !== "" && !keyed && payload.every((mark) => mark.token === token)) {
+    if (oneClaim !== "" && payload.every((mark) => mark.token === token)) {
       // No prototype: an id such as "__proto__" is a key like any other.
       const attempts: Record<string, number> = Object.create(null);
       for (const mark of payload) attempts[mark.id] = mark.attempts;
-      return [oneClaim, [JSON.stringify(attempts), nowIso, token], true];
+      return [oneClaim, [JSON.stringify(attempts), nowIso, token]];
     }
     const fenced: Record<string, [number, string | null]> = Object.create(null);
     for (const mark of payload) fenced[mark.id] = [mark.attempts, mark.token];
-    return [this.#sql.markDispatchedFast, [JSON.stringify(fenced), nowIso], false];
+    return [this.#sql.markDispatchedFast, [JSON.stringify(fenced), nowIso]];
   }
 
   /**
