@@ -15,6 +15,7 @@ import { connect } from "@nats-io/transport-node";
 import postgres from "postgres";
 import {
   createJetStreamRuntime,
+  createOutboxBucket,
   MemoryOutboxRepository,
   NatsKvOutboxRepository,
   nodeSqliteExecutor,
@@ -99,8 +100,11 @@ if (import.meta.main) {
       break;
     }
     case "nats-kv": {
+      // Opened as docs/nats_kv.md does (createOutboxBucket: create or open), so reads are the
+      // direct gets an R1 bucket allows; `Kvm#open` without `allow_direct` would read through
+      // STREAM.MSG.GET, the JetStream API.
       const repository = new NatsKvOutboxRepository(
-        await new Kvm(nc).open(config.bucket!),
+        await createOutboxBucket(new Kvm(nc), config.bucket!),
         config.markerCopies ? { markerCopies: true } : {},
       );
       // The claim index is built from a watch on the markers once per process: do it before
