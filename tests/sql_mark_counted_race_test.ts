@@ -32,7 +32,16 @@ function record(id: string, orderingKey?: string): OutboxRecord {
   return orderingKey === undefined ? base : { ...base, orderingKey };
 }
 
-Deno.test("sqlite: a dispatched mark pruned right after it applied is still reported applied", async () => {
+/**
+ * A relay repository on a fresh SQLite file, a peer repository on a second connection to it, and
+ * `pruneNext()`: after the relay's next UPDATE that changed rows, the peer prunes (retention 0)
+ * before the relay's next statement.
+ */
+async function withRacingPrune(
+  run: (
+    relay: { outbox: SqlOutboxRepository; peer: SqlOutboxRepository; pruneNext(): void },
+  ) => Promise<void>,
+): Promise<void> {
   const dir = await Deno.makeTempDir({ prefix: "outbox_counted_race_" });
   const db = openSqlite(`${dir}/outbox.db`);
   const peerDb = openSqlite(`${dir}/outbox.db`);
@@ -41,8 +50,6 @@ Deno.test("sqlite: a dispatched mark pruned right after it applied is still repo
     await migrate(base, { dialect: "sqlite" });
     const peer = new SqlOutboxRepository(nodeSqliteExecutor(peerDb), "sqlite");
     let pruneNext = false;
-    // The relay's executor; after the first mark statement that changed rows, a concurrent
-    // prune (retention 0) runs before the next statement.
     const executor: SqlExecutor = {
       ...base,
       async query(text, params) {
@@ -55,44 +62,31 @@ Deno.test("sqlite: a dispatched mark pruned right after it applied is still repo
       },
     };
     const outbox = new SqlOutboxRepository(executor, "sqlite");
+    await run({ outbox, peer, pruneNext: () => pruneNext = true });
+  } finally {
+    peerDb.close();
+    db.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
+Deno.test("sqlite: a dispatched mark pruned right after it applied is still reported applied", async () => {
+  await withRacingPrune(async ({ outbox, pruneNext }) => {
     await outbox.enqueueMany([record("a"), record("k-1", "k")]);
     const claimed = await outbox.claimDue(10, t0);
     assert.deepEqual(claimed.map((m) => m.id), ["a", "k-1"]);
-    pruneNext = true;
+    pruneNext();
     const results = await outbox.markMany(
       claimed.map((claim) => ({ claim, state: "dispatched" as const })),
       new Date(t0.getTime() + 1),
     );
     assert.equal(await outbox.get("a"), undefined); // the prune did run after "a" applied
     assert.deepEqual(results, [true, true]);
-  } finally {
-    peerDb.close();
-    db.close();
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
 });
 
 Deno.test("sqlite: a dispatched mark pruned right after it applied is reported applied next to a superseded mark of the same claim", async () => {
-  const dir = await Deno.makeTempDir({ prefix: "outbox_counted_race_" });
-  const db = openSqlite(`${dir}/outbox.db`);
-  const peerDb = openSqlite(`${dir}/outbox.db`);
-  try {
-    const base = nodeSqliteExecutor(db);
-    await migrate(base, { dialect: "sqlite" });
-    const peer = new SqlOutboxRepository(nodeSqliteExecutor(peerDb), "sqlite");
-    let pruneNext = false;
-    const executor: SqlExecutor = {
-      ...base,
-      async query(text, params) {
-        const rows = await base.query(text, params);
-        if (pruneNext && /^UPDATE/.test(text) && rows.length > 0) {
-          pruneNext = false;
-          await peer.prune({ dispatchedBefore: new Date(t0.getTime() + 10_000) });
-        }
-        return rows;
-      },
-    };
-    const outbox = new SqlOutboxRepository(executor, "sqlite");
+  await withRacingPrune(async ({ outbox, peer, pruneNext }) => {
     await outbox.enqueueMany([record("b"), record("a")]);
     const claimed = await outbox.claimDue(10, t0, { leaseMs: 1_000 });
     assert.deepEqual(claimed.map((m) => m.id), ["b", "a"]);
@@ -100,7 +94,7 @@ Deno.test("sqlite: a dispatched mark pruned right after it applied is reported a
     // superseded, its mark of "a" (one claim token for both) still applies.
     const taken = await peer.claimDue(1, new Date(t0.getTime() + 2_000));
     assert.deepEqual(taken.map((m) => m.id), ["b"]);
-    pruneNext = true;
+    pruneNext();
     const results = await outbox.markMany(
       claimed.map((claim) => ({ claim, state: "dispatched" as const })),
       new Date(t0.getTime() + 1),
@@ -108,9 +102,5 @@ Deno.test("sqlite: a dispatched mark pruned right after it applied is reported a
     assert.equal(await outbox.get("a"), undefined); // the prune did run after "a" applied
     assert.deepEqual(results, [false, true]);
     assert.equal((await outbox.get("b"))?.state, "claimed"); // the peer's claim is untouched
-  } finally {
-    peerDb.close();
-    db.close();
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
 });

@@ -188,11 +188,17 @@ class StoredHeaders {
     return this.#pairs = pairs;
   }
 
+  /** The index of the first name `k` in `pairs`, or -1. */
+  static #first(pairs: string[], k: string): number {
+    for (let i = 0; i < pairs.length; i += 2) if (pairs[i] === k) return i;
+    return -1;
+  }
+
   get(k: string, match?: Match): string {
     const pairs = this.#read(match);
     if (pairs === null) return this.#decoded().get(k, match);
-    for (let i = 0; i < pairs.length; i += 2) if (pairs[i] === k) return pairs[i + 1];
-    return "";
+    const at = StoredHeaders.#first(pairs, k);
+    return at === -1 ? "" : pairs[at + 1];
   }
 
   last(k: string, match?: Match): string {
@@ -205,8 +211,7 @@ class StoredHeaders {
   has(k: string, match?: Match): boolean {
     const pairs = this.#read(match);
     if (pairs === null) return this.#decoded().has(k, match);
-    for (let i = 0; i < pairs.length; i += 2) if (pairs[i] === k) return true;
-    return false;
+    return StoredHeaders.#first(pairs, k) !== -1;
   }
 
   get hasError(): boolean {
