@@ -108,7 +108,18 @@ const only = args.only ? new Set(args.only.split(",")) : undefined;
  */
 const baseline = args.baseline === undefined ? undefined : Deno.realPathSync(args.baseline);
 /** The dispatcher scenarios that get a baseline twin. */
-const baselineIds = new Set(["pg", "pg-keys", "pg-1key", "sqlite", "kv", "kv-copies", "memory"]);
+const baselineIds = new Set([
+  "pg",
+  "pg-keys",
+  "pg-1key",
+  "sqlite",
+  "sqlite-normal",
+  "sqlite-worker",
+  "sqlite-worker-normal",
+  "kv",
+  "kv-copies",
+  "memory",
+]);
 const wanted = (id: string) => only === undefined || only.has(id);
 
 // --- scenarios -------------------------------------------------------------------------------

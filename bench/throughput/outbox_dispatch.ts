@@ -77,6 +77,11 @@ if (import.meta.main) {
     case "postgres": {
       const max = config.postgresConnections ?? 1;
       const sql = postgres(config.postgresUrl!, { max, onnotice: () => {} });
+      // postgres.js connects at the first statement (~75-95 ms here: TCP, start-up, its type
+      // fetch). Connect before the clock starts, as the NATS connection is and as a long-running
+      // relay has long been: every connection of the pool, each opened by one of `max`
+      // concurrent statements.
+      await Promise.all(Array.from({ length: max }, () => sql`SELECT pg_sleep(0.01)`));
       outbox = new SqlOutboxRepository(postgresJsExecutor(sql), "postgres", config.tables);
       statementPlans = () => preparedStatementPlans(sql, max);
       close = () => sql.end();
