@@ -5,7 +5,8 @@
  * version 5 tables (the claim index still there) and on version 6 tables (dropped): asserted on
  * the plan and, on Postgres, on the rows and buffers each scan actually read (EXPLAIN ANALYZE,
  * BUFFERS), never on time. The dispatched and dead counts read the retention index (its
- * dispatched entries: that count is what the caller asked for).
+ * dispatched entries: that count is what the caller asked for). On Postgres the generic plan a
+ * relay's prepared statement gets on a still empty outbox reads the same indexes.
  */
 
 import assert from "node:assert/strict";
@@ -95,6 +96,37 @@ Deno.test("postgres: with 200k dispatched rows stats reads the active rows throu
           buffersOf(plan)
         } buffers`,
       );
+    }
+  } finally {
+    await dropPostgresTables(executor, tables);
+    await sql.end();
+  }
+});
+
+Deno.test("postgres: stats' generic plan, made on an empty table, reads the partial indexes", async () => {
+  // A relay prepares its statements once per connection and Postgres soon reuses a generic plan,
+  // which may be made while the outbox is still empty.
+  const sql = postgres(await postgresUrl(), { max: 1, onnotice: () => {} });
+  const tables = uniqueTables();
+  const executor = postgresJsExecutor(sql);
+  try {
+    await migrate(executor, { dialect: "postgres", tables });
+    const o = tables.outbox;
+    const statements = outboxStatements("postgres", resolveSqlOutboxTables(tables), false);
+    let nodes: PlanNode[] = [];
+    await sql.begin(async (tx) => {
+      await tx.unsafe("SET LOCAL plan_cache_mode = force_generic_plan");
+      await tx.unsafe(`PREPARE outbox_stats(text) AS ${statements.stats}`).simple();
+      const [row] = await tx.unsafe(
+        `EXPLAIN (FORMAT JSON) EXECUTE outbox_stats('2026-01-01T00:00:00.000Z')`,
+      ).simple();
+      nodes = planNodes((row["QUERY PLAN"] as Array<{ Plan: PlanNode }>)[0].Plan);
+      await tx.unsafe("DEALLOCATE outbox_stats").simple();
+    });
+    const names = JSON.stringify(nodes.map((node) => [node["Node Type"], node["Index Name"]]));
+    assert.ok(!nodes.some((node) => node["Node Type"].includes("Seq Scan")), names);
+    for (const index of ["pending_idx", "key_next_idx", "retry_idx"]) {
+      assert.ok(nodes.some((node) => node["Index Name"] === `${o}_${index}`), `${index}: ${names}`);
     }
   } finally {
     await dropPostgresTables(executor, tables);
