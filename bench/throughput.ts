@@ -104,9 +104,41 @@ const only = args.only ? new Set(args.only.split(",")) : undefined;
 /**
  * `--baseline=DIR`: a checkout of another version of the library (`git archive <rev> | tar -x -C
  * DIR`); every selected dispatcher scenario also runs with DIR's scenario script (so DIR's
- * library), right after the current one in each round, on a store prepared the same way.
+ * library), right after the current one in each round, on a store prepared the same way: a SQL
+ * store at the schema version DIR's `migrate()` brings it to (see `schemaVersionOf`), so each
+ * side runs on the tables its own deployment would have.
  */
 const baseline = args.baseline === undefined ? undefined : Deno.realPathSync(args.baseline);
+const schemaVersions = new Map<string, Promise<number>>();
+/**
+ * The SQL schema version the library at `root` migrates to (its number of artifacts), asked in a
+ * process of its own (its own import map); `undefined` (this checkout's latest) without a root.
+ * A baseline older than a schema change then runs on the tables it made, not on this one's.
+ */
+function schemaVersionOf(root: string | undefined): Promise<number | undefined> {
+  if (root === undefined) return Promise.resolve(undefined);
+  let version = schemaVersions.get(root);
+  if (version === undefined) {
+    version = new Deno.Command(Deno.execPath(), {
+      args: [
+        "eval",
+        'import { getSqlOutboxMigrations } from "./mod.ts"; console.log(getSqlOutboxMigrations({ dialect: "sqlite" }).length);',
+      ],
+      cwd: root,
+      stdout: "piped",
+      stderr: "inherit",
+    }).output().then((output) => {
+      const text = new TextDecoder().decode(output.stdout).trim();
+      if (!output.success || !/^\d+$/.test(text)) {
+        throw new Error(`cannot read the schema version of ${root}: ${text}`);
+      }
+      console.error(`${root}: SQL stores prepared at schema version ${text}`);
+      return Number(text);
+    });
+    schemaVersions.set(root, version);
+  }
+  return version;
+}
 /** The dispatcher scenarios that get a baseline twin. */
 const baselineIds = new Set([
   "pg",
@@ -129,8 +161,11 @@ interface Scenario {
   label: string;
   /** The checkout whose scenario scripts run (`--baseline`); this one when not given. */
   root?: string;
-  /** Prepares the store and stream, returns the subprocess file and config, and a check. */
-  prepare(): Promise<Prepared>;
+  /**
+   * Prepares the store and stream, returns the subprocess file and config, and a check; a SQL
+   * store at the schema version `root`'s library migrates to.
+   */
+  prepare(root?: string): Promise<Prepared>;
 }
 
 interface Prepared {
@@ -226,6 +261,7 @@ async function main(): Promise<void> {
     traced = false,
     target?: { jsm: typeof jsm; config: Record<string, unknown> },
     orderingKeys = 0,
+    root?: string,
   ): Promise<
     {
       tables: SqlOutboxTables;
@@ -238,7 +274,7 @@ async function main(): Promise<void> {
     const base = uniqueName("tp").slice(0, 40);
     const tables = { outbox: `${base}_outbox`, inbox: `${base}_inbox` };
     const executor = postgresJsExecutor(sql);
-    await migrate(executor, { dialect: "postgres", tables });
+    await migrate(executor, { dialect: "postgres", tables, to: await schemaVersionOf(root) });
     const tag = uniqueName("m");
     const plain = records(tag, s.prefix, n);
     // With ordering keys, message i gets key i % orderingKeys (enqueued round-robin over keys).
@@ -276,13 +312,13 @@ async function main(): Promise<void> {
     return {
       id,
       label,
-      async prepare() {
+      async prepare(root) {
         const s = await stream();
         const dir = await Deno.makeTempDir({ prefix: "outbox_bench_tp_" });
         const path = `${dir}/outbox.db`;
         const db = openSqliteFile(path);
         const executor = nodeSqliteExecutor(db);
-        await migrate(executor, { dialect: "sqlite" });
+        await migrate(executor, { dialect: "sqlite", to: await schemaVersionOf(root) });
         await enqueueAll(
           new SqlOutboxRepository(executor, "sqlite"),
           records(uniqueName("m"), s.prefix, count),
@@ -368,12 +404,13 @@ async function main(): Promise<void> {
     return {
       id,
       label,
-      async prepare() {
+      async prepare(root) {
         const prepared = await postgresOutbox(
           messages,
           telemetry === "sdk",
           undefined,
           orderingKeys,
+          root,
         );
         const config: OutboxDispatchConfig = {
           natsUrl: nats,
@@ -619,7 +656,7 @@ async function main(): Promise<void> {
   }
 
   async function run(scenario: Scenario): Promise<ScenarioResult> {
-    const prepared = await scenario.prepare();
+    const prepared = await scenario.prepare(scenario.root);
     let result: ScenarioResult;
     const serverCpu = postgresCpuSeconds();
     // Scenarios on the private cluster (-r1/-r3) use other servers: no NATS figure for them.

@@ -34,7 +34,7 @@ Deno.test("cli migrate postgres: --print lists pending SQL without changing anyt
     const printed = await runCli(["migrate", "--print", ...args]);
     assert.equal(printed.code, 0, printed.stderr);
     // An empty database gets the current schema in one piece, not version 1 plus ALTERs.
-    assert.match(printed.stdout, /has no outbox tables: the current schema \(version 5\)/);
+    assert.match(printed.stdout, /has no outbox tables: the current schema \(version 6\)/);
     assert.match(
       printed.stdout,
       new RegExp(`^CREATE TABLE IF NOT EXISTS ${outbox} \\(.*\\bseq\\b.*\\bclaim_token\\b`, "m"),
@@ -46,12 +46,12 @@ Deno.test("cli migrate postgres: --print lists pending SQL without changing anyt
     assert.equal(applied.code, 0, applied.stderr);
     assert.match(
       applied.stdout,
-      /from version 0 to 5: applied trellis_sql_outbox_inbox_postgres_v1, trellis_sql_outbox_inbox_postgres_v2, trellis_sql_outbox_inbox_postgres_v3, trellis_sql_outbox_inbox_postgres_v4, trellis_sql_outbox_inbox_postgres_v5/,
+      /from version 0 to 6: applied trellis_sql_outbox_inbox_postgres_v1, trellis_sql_outbox_inbox_postgres_v2, trellis_sql_outbox_inbox_postgres_v3, trellis_sql_outbox_inbox_postgres_v4, trellis_sql_outbox_inbox_postgres_v5, trellis_sql_outbox_inbox_postgres_v6/,
     );
     assert.equal(await exists(), true);
 
     const again = await runCli(["migrate", "--print", ...args]);
-    assert.match(again.stdout, /nothing to migrate: .* at version 5/);
+    assert.match(again.stdout, /nothing to migrate: .* at version 6/);
     const status = await runCli(["status", ...args, "--json"]);
     assert.equal(status.code, 0, status.stderr);
     assert.equal(JSON.parse(status.stdout).pending, 0);
@@ -90,13 +90,13 @@ Deno.test("cli migrate postgres: tables made by the reference's DDL are upgraded
       printed.stdout,
       /exists without a migration record: "outbox-nats migrate" adopts it at version 1/,
     );
-    assert.match(printed.stdout, /version 1 -> 5/);
+    assert.match(printed.stdout, /version 1 -> 6/);
     assert.doesNotMatch(printed.stdout, /_v1 \(version 1/);
     assert.match(printed.stdout, new RegExp(`^ALTER TABLE ${outbox} ADD COLUMN seq bigint;$`, "m"));
 
     const applied = await runCli(["migrate", ...args]);
     assert.equal(applied.code, 0, applied.stderr);
-    assert.match(applied.stdout, /from version 1 to 5 \(existing tables adopted at version 1\)/);
+    assert.match(applied.stdout, /from version 1 to 6 \(existing tables adopted at version 1\)/);
     assert.equal((await runCli(["status", ...args])).code, 0);
   } finally {
     await sql.end();
@@ -119,12 +119,12 @@ Deno.test("cli migrate sqlite: --print on a missing file, then migrate creates t
 
     const applied = await runCli(["migrate", "--store", `sqlite:${path}`]);
     assert.equal(applied.code, 0, applied.stderr);
-    assert.match(applied.stdout, /from version 0 to 5/);
+    assert.match(applied.stdout, /from version 0 to 6/);
     const db = new DatabaseSync(path);
     try {
       const rows = db.prepare("SELECT version FROM trellis_outbox_migrations ORDER BY version")
         .all() as Array<{ version: number }>;
-      assert.deepEqual(rows.map((row) => Number(row.version)), [1, 2, 3, 4, 5]);
+      assert.deepEqual(rows.map((row) => Number(row.version)), [1, 2, 3, 4, 5, 6]);
     } finally {
       db.close();
     }
@@ -151,7 +151,7 @@ Deno.test("cli migrate sqlite: the SQL --print shows for an empty database is wh
     assert.equal(adopted.code, 0, adopted.stderr);
     assert.match(
       adopted.stdout,
-      /at version 5 \(the latest\): nothing to migrate \(existing tables adopted at version 5\)/,
+      /at version 6 \(the latest\): nothing to migrate \(existing tables adopted at version 6\)/,
     );
   } finally {
     await Deno.remove(dir, { recursive: true });
@@ -185,7 +185,7 @@ Deno.test("cli migrate nats-kv: creates the bucket once (--print creates nothing
   }
 });
 
-Deno.test("cli: a version 2 outbox is refused by status until migrated to version 5", async () => {
+Deno.test("cli: a version 2 outbox is refused by status until migrated to version 6", async () => {
   const dir = await Deno.makeTempDir({ prefix: "outbox-cli-" });
   try {
     const path = join(dir, "app.db");
@@ -203,7 +203,7 @@ Deno.test("cli: a version 2 outbox is refused by status until migrated to versio
       /has schema version 2; upgrade it with "outbox-nats migrate --store /,
     );
     const printed = await runCli(["migrate", "--print", ...store]);
-    assert.match(printed.stdout, /3 pending migration\(s\) for .* version 2 -> 5/);
+    assert.match(printed.stdout, /4 pending migration\(s\) for .* version 2 -> 6/);
     assert.match(printed.stdout, /^ALTER TABLE trellis_outbox ADD COLUMN claim_token TEXT;$/m);
     assert.equal((await runCli(["migrate", ...store])).code, 0);
     assert.equal((await runCli(["status", ...store])).code, 0);

@@ -49,13 +49,14 @@ Deno.test("version 1 artifacts are byte-identical to the reference's", () => {
 Deno.test("artifacts are frozen, versioned and checksummed", () => {
   for (const dialect of ["postgres", "sqlite"] as const) {
     const migrations = getSqlOutboxMigrations({ dialect });
-    assert.deepEqual(migrations.map((m) => m.version), [1, 2, 3, 4, 5]);
+    assert.deepEqual(migrations.map((m) => m.version), [1, 2, 3, 4, 5, 6]);
     assert.deepEqual(migrations.map((m) => m.id), [
       `trellis_sql_outbox_inbox_${dialect}_v1`,
       `trellis_sql_outbox_inbox_${dialect}_v2`,
       `trellis_sql_outbox_inbox_${dialect}_v3`,
       `trellis_sql_outbox_inbox_${dialect}_v4`,
       `trellis_sql_outbox_inbox_${dialect}_v5`,
+      `trellis_sql_outbox_inbox_${dialect}_v6`,
     ]);
     for (const migration of migrations) {
       assert.ok(Object.isFrozen(migration) && Object.isFrozen(migration.up));
@@ -184,12 +185,13 @@ for (const dialect of dialects) {
       const result = await migrate(executor, { dialect, tables });
       assert.deepEqual(result, {
         from: 1,
-        to: 5,
+        to: 6,
         applied: [
           `trellis_sql_outbox_inbox_${dialect}_v2`,
           `trellis_sql_outbox_inbox_${dialect}_v3`,
           `trellis_sql_outbox_inbox_${dialect}_v4`,
           `trellis_sql_outbox_inbox_${dialect}_v5`,
+          `trellis_sql_outbox_inbox_${dialect}_v6`,
         ],
         reverted: [],
         adopted: true,
@@ -256,8 +258,8 @@ for (const dialect of dialects) {
 
       // Idempotent.
       assert.deepEqual(await migrate(executor, { dialect, tables }), {
-        from: 5,
-        to: 5,
+        from: 6,
+        to: 6,
         applied: [],
         reverted: [],
         adopted: false,
@@ -267,7 +269,7 @@ for (const dialect of dialects) {
     }
   });
 
-  Deno.test(`${dialect}: migrate on an empty database applies v1 to v5 and records them`, async () => {
+  Deno.test(`${dialect}: migrate on an empty database applies v1 to v6 and records them`, async () => {
     const db = await openDb(dialect);
     try {
       const result = await migrate(db.executor, { dialect, tables: db.tables });
@@ -277,6 +279,7 @@ for (const dialect of dialects) {
         `trellis_sql_outbox_inbox_${dialect}_v3`,
         `trellis_sql_outbox_inbox_${dialect}_v4`,
         `trellis_sql_outbox_inbox_${dialect}_v5`,
+        `trellis_sql_outbox_inbox_${dialect}_v6`,
       ]);
       assert.equal(result.adopted, false);
       const rows = await db.executor.query(
@@ -308,7 +311,7 @@ for (const dialect of dialects) {
       const columns = await columnNames(db, db.tables.outbox);
       assert.ok(columns.includes("seq"), "the refused downgrade changed nothing");
       await db.executor.query(
-        `UPDATE ${db.tables.outbox}_migrations SET version = 6 WHERE version = 2`,
+        `UPDATE ${db.tables.outbox}_migrations SET version = 7 WHERE version = 2`,
         [],
       );
       await assert.rejects(migrate(db.executor, { dialect, tables: db.tables }), {
@@ -337,7 +340,7 @@ for (const dialect of dialects) {
     }
   });
 
-  Deno.test(`${dialect}: the fresh schema DDL equals v1 to v5 migrated and is adopted as v5`, async () => {
+  Deno.test(`${dialect}: the fresh schema DDL equals v1 to v6 migrated and is adopted as v6`, async () => {
     const migrated = await openDb(dialect);
     const fresh = await openDb(dialect);
     try {
@@ -350,7 +353,7 @@ for (const dialect of dialects) {
       }
       assert.deepEqual(await catalog(fresh), await catalog(migrated));
       const result = await migrate(fresh.executor, { dialect, tables: fresh.tables });
-      assert.deepEqual(result, { from: 5, to: 5, applied: [], reverted: [], adopted: true });
+      assert.deepEqual(result, { from: 6, to: 6, applied: [], reverted: [], adopted: true });
     } finally {
       await migrated.close();
       await fresh.close();
@@ -384,6 +387,7 @@ for (const dialect of dialects) {
       await executor.query(`DELETE FROM ${tables.inbox} WHERE consumer = 'billing'`, []);
       const result = await migrate(executor, { dialect, tables, to: 1 });
       assert.deepEqual(result.reverted, [
+        `trellis_sql_outbox_inbox_${dialect}_v6`,
         `trellis_sql_outbox_inbox_${dialect}_v5`,
         `trellis_sql_outbox_inbox_${dialect}_v4`,
         `trellis_sql_outbox_inbox_${dialect}_v3`,
@@ -417,6 +421,7 @@ for (const dialect of dialects) {
         `trellis_sql_outbox_inbox_${dialect}_v3`,
         `trellis_sql_outbox_inbox_${dialect}_v4`,
         `trellis_sql_outbox_inbox_${dialect}_v5`,
+        `trellis_sql_outbox_inbox_${dialect}_v6`,
       ]);
       assert.equal((await outbox.get("c"))?.state, "pending");
     } finally {
@@ -456,6 +461,7 @@ for (const dialect of dialects) {
         `trellis_sql_outbox_inbox_${dialect}_v3`,
         `trellis_sql_outbox_inbox_${dialect}_v4`,
         `trellis_sql_outbox_inbox_${dialect}_v5`,
+        `trellis_sql_outbox_inbox_${dialect}_v6`,
       ]);
       const outbox = new SqlOutboxRepository(executor, dialect, tables);
       const held = await outbox.get("a");
@@ -471,6 +477,7 @@ for (const dialect of dialects) {
       assert.equal(typeof b.claimToken, "string");
       // Down to v2 keeps every row; the claim then settles with the v2 fence.
       assert.deepEqual((await migrate(executor, { dialect, tables, to: 2 })).reverted, [
+        `trellis_sql_outbox_inbox_${dialect}_v6`,
         `trellis_sql_outbox_inbox_${dialect}_v5`,
         `trellis_sql_outbox_inbox_${dialect}_v4`,
         `trellis_sql_outbox_inbox_${dialect}_v3`,
@@ -508,10 +515,11 @@ for (const dialect of dialects) {
       const result = await migrate(executor, { dialect, tables });
       assert.deepEqual(result, {
         from: 3,
-        to: 5,
+        to: 6,
         applied: [
           `trellis_sql_outbox_inbox_${dialect}_v4`,
           `trellis_sql_outbox_inbox_${dialect}_v5`,
+          `trellis_sql_outbox_inbox_${dialect}_v6`,
         ],
         reverted: [],
         adopted: true,
@@ -525,6 +533,7 @@ for (const dialect of dialects) {
       assert.equal(k2.keySequence, 7);
       // Down to v3 drops the key sequences and keeps every message; back up, the key is unfenced.
       assert.deepEqual((await migrate(executor, { dialect, tables, to: 3 })).reverted, [
+        `trellis_sql_outbox_inbox_${dialect}_v6`,
         `trellis_sql_outbox_inbox_${dialect}_v5`,
         `trellis_sql_outbox_inbox_${dialect}_v4`,
       ]);
@@ -560,7 +569,7 @@ for (const dialect of dialects) {
           [],
         )).length;
       assert.equal(await index(), 0);
-      assert.deepEqual(await migrate(executor, { dialect, tables }), {
+      assert.deepEqual(await migrate(executor, { dialect, tables, to: 5 }), {
         from: 4,
         to: 5,
         applied: [`trellis_sql_outbox_inbox_${dialect}_v5`],
@@ -584,6 +593,71 @@ for (const dialect of dialects) {
       await db.close();
     }
   });
+
+  Deno.test(`${dialect}: a version 5 database is upgraded to v6 in place (the claim index dropped) and back`, async () => {
+    const db = await openDb(dialect);
+    const v5 = await openDb(dialect);
+    try {
+      const { executor, tables } = db;
+      await migrate(v5.executor, { dialect, tables: v5.tables, to: 5 });
+      // Made by the version 5 DDL (no migration record): adopted at 5.
+      await migrate(executor, { dialect, tables, to: 5 });
+      await executor.query(`DROP TABLE ${tables.outbox}_migrations`, []);
+      const outbox = new SqlOutboxRepository(executor, dialect, tables);
+      const base = { kind: "event.publish" as const, name: "n", subject: "s.a", payload: "{}" };
+      for (const id of ["a", "b", "c"]) await outbox.enqueue({ ...base, id, headers: {} });
+      await outbox.enqueue({ ...base, id: "k1", headers: {}, orderingKey: "k" });
+      await outbox.enqueue({ ...base, id: "k2", headers: {}, orderingKey: "k" });
+      const now = new Date();
+      const [a] = await outbox.claimDue(1, now);
+      assert.equal(await outbox.markDispatched(a, now), true);
+      const [b] = await outbox.claimDue(1, now);
+      const index = async () =>
+        (await executor.query(
+          dialect === "postgres"
+            ? `SELECT 1 FROM pg_indexes WHERE indexname = '${tables.outbox}_claim_idx'`
+            : `SELECT 1 FROM sqlite_master WHERE name = '${tables.outbox}_claim_idx'`,
+          [],
+        )).length;
+      assert.equal(await index(), 1);
+      const before = await outbox.stats(now);
+      assert.deepEqual(await migrate(executor, { dialect, tables }), {
+        from: 5,
+        to: 6,
+        applied: [`trellis_sql_outbox_inbox_${dialect}_v6`],
+        reverted: [],
+        adopted: true,
+      });
+      assert.equal(await index(), 0);
+      // Every row kept: the same counts, and the claim made at version 5 settles.
+      assert.deepEqual(await outbox.stats(now), before);
+      assert.deepEqual(before, {
+        pending: 3,
+        claimed: 1,
+        failed: 0,
+        dispatched: 1,
+        dead: 0,
+        due: 2,
+        oldestDueCreatedAt: before.oldestDueCreatedAt,
+        oldestDueAgeMs: before.oldestDueAgeMs,
+        blockedKeys: 0,
+      });
+      assert.equal(await outbox.markDispatched(b, now), true);
+      assert.deepEqual((await outbox.claimDue(5, now)).map((m) => m.id), ["c", "k1"]);
+
+      // Down to 5 creates the index again as version 2 made it: the catalog of a database
+      // migrated straight to 5.
+      assert.deepEqual((await migrate(executor, { dialect, tables, to: 5 })).reverted, [
+        `trellis_sql_outbox_inbox_${dialect}_v6`,
+      ]);
+      assert.equal(await index(), 1);
+      assert.deepEqual(await catalog(db), await catalog(v5));
+      assert.equal((await outbox.stats(now)).claimed, 2);
+    } finally {
+      await db.close();
+      await v5.close();
+    }
+  });
 }
 
 Deno.test("postgres: concurrent migrate calls serialise on the advisory lock", async () => {
@@ -593,8 +667,8 @@ Deno.test("postgres: concurrent migrate calls serialise on the advisory lock", a
       migrate(db.executor, { dialect: "postgres", tables: db.tables }),
       migrate(db.other, { dialect: "postgres", tables: db.tables }),
     ]);
-    assert.deepEqual(results.map((r) => r.applied.length).sort(), [0, 5]);
-    assert.deepEqual(results.map((r) => r.to), [5, 5]);
+    assert.deepEqual(results.map((r) => r.applied.length).sort(), [0, 6]);
+    assert.deepEqual(results.map((r) => r.to), [6, 6]);
   } finally {
     await db.close();
   }

@@ -57,7 +57,7 @@ test("node cli: migrate and status against Postgres", async () => {
   try {
     const migrated = await cli(["migrate", ...args]);
     assert.equal(migrated.code, 0, migrated.stderr);
-    assert.match(migrated.stdout, /from version 0 to 5/);
+    assert.match(migrated.stdout, /from version 0 to 6/);
     const outbox = new SqlOutboxRepository(postgresJsExecutor(sql), "postgres", {
       outbox: table,
       inbox: `${table}_i`,

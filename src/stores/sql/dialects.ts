@@ -12,7 +12,7 @@
  */
 
 import { heldHeadsSql, waitingSql } from "./ordering_schema.ts";
-import { activeStatesSql, outboxColumnsV3, terminalStatesSql } from "./schema.ts";
+import { outboxColumnsV3, terminalStatesSql } from "./schema.ts";
 import { pendingSql, retrySql } from "./schema_v3.ts";
 import { keySequencesTable } from "./schema_v4.ts";
 import type { ResolvedSqlOutboxTables, SqlDialect } from "./tables.ts";
@@ -396,12 +396,13 @@ function postgres(t: ResolvedSqlOutboxTables, notify: boolean): OutboxStatements
     blockedKeys: `SELECT h.ordering_key AS key, h.id AS head_id, ${
       iso("h.updated_at")
     } AS since, h.last_error, (SELECT count(*) FROM ${o} WHERE ordering_key = h.ordering_key AND ${waitingSql}) AS waiting FROM ${o} AS h WHERE ${heldHeadsSql} AND state = 'dead' ORDER BY h.updated_at, h.seq LIMIT $1::int`,
-    stats:
-      `SELECT count(*) FILTER (WHERE state = 'pending') AS pending, count(*) FILTER (WHERE state = 'claimed') AS claimed, count(*) FILTER (WHERE state = 'failed') AS failed, count(*) FILTER (WHERE key_head AND (next_attempt_at IS NULL OR next_attempt_at <= $1::timestamptz)) AS due, ${
-        iso(
-          "min(created_at) FILTER (WHERE key_head AND (next_attempt_at IS NULL OR next_attempt_at <= $1::timestamptz))",
-        )
-      } AS oldest_due, (SELECT count(*) FROM ${o} WHERE state = 'dispatched') AS dispatched, (SELECT count(*) FROM ${o} WHERE state = 'dead') AS dead, (SELECT count(*) FROM ${o} WHERE ${heldHeadsSql} AND state = 'dead') AS blocked_keys FROM ${o} WHERE ${activeStatesSql}`,
+    // The active rows through the version 3 partial indexes (see `activeStats`); least() skips
+    // a NULL.
+    stats: `SELECT p.pending + w.waiting AS pending, r.claimed, r.failed, p.due + r.due AS due, ${
+      iso("least(p.oldest_due, r.oldest_due)")
+    } AS oldest_due, (SELECT count(*) FROM ${o} WHERE state = 'dispatched') AS dispatched, (SELECT count(*) FROM ${o} WHERE state = 'dead') AS dead, (SELECT count(*) FROM ${o} WHERE ${heldHeadsSql} AND state = 'dead') AS blocked_keys FROM ${
+      activeStats(o, "$1::timestamptz")
+    }`,
     prune: { dispatched: prune("dispatched"), dead: prune("dead") },
     count: {
       dispatched:
@@ -553,12 +554,15 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
     listDead: `SELECT ${columns} FROM ${o} WHERE ${terminal("dead")} ORDER BY seq LIMIT ?1`,
     blockedKeys:
       `SELECT h.ordering_key AS key, h.id AS head_id, h.updated_at AS since, h.last_error AS last_error, (SELECT count(*) FROM ${o} AS w WHERE w.ordering_key = h.ordering_key AND w.state = 'pending' AND NOT w.key_head) AS waiting FROM ${o} AS h WHERE ${heldHeadsSql} AND state = 'dead' ORDER BY h.updated_at, h.seq LIMIT ?1`,
+    // As Postgres's; the scalar min() is NULL when either side is.
     stats:
-      `SELECT count(*) FILTER (WHERE state = 'pending') AS pending, count(*) FILTER (WHERE state = 'claimed') AS claimed, count(*) FILTER (WHERE state = 'failed') AS failed, count(*) FILTER (WHERE key_head AND (next_attempt_at IS NULL OR next_attempt_at <= ?1)) AS due, min(created_at) FILTER (WHERE key_head AND (next_attempt_at IS NULL OR next_attempt_at <= ?1)) AS oldest_due, (SELECT count(*) FROM ${o} WHERE ${
+      `SELECT p.pending + w.waiting AS pending, r.claimed, r.failed, p.due + r.due AS due, coalesce(min(p.oldest_due, r.oldest_due), p.oldest_due, r.oldest_due) AS oldest_due, (SELECT count(*) FROM ${o} WHERE ${
         terminal("dispatched")
       }) AS dispatched, (SELECT count(*) FROM ${o} WHERE ${
         terminal("dead")
-      }) AS dead, (SELECT count(*) FROM ${o} INDEXED BY ${o}_key_held_idx WHERE ${heldHeadsSql} AND state = 'dead') AS blocked_keys FROM ${o} WHERE ${activeStatesSql}`,
+      }) AS dead, (SELECT count(*) FROM ${o} INDEXED BY ${o}_key_held_idx WHERE ${heldHeadsSql} AND state = 'dead') AS blocked_keys FROM ${
+        activeStats(o, "?1")
+      }`,
     prune: {
       dispatched: `DELETE FROM ${o} WHERE seq IN (SELECT seq FROM ${o} WHERE ${
         terminal("dispatched")
@@ -581,6 +585,19 @@ function sqlite(t: ResolvedSqlOutboxTables): OutboxStatements {
     inboxPrune:
       `DELETE FROM ${t.inbox} WHERE rowid IN (SELECT rowid FROM ${t.inbox} WHERE received_at < ?1 LIMIT ?2) RETURNING 1 AS n`,
   };
+}
+
+/**
+ * The `FROM` of `stats`: the active rows counted through the partial indexes of version 3, each
+ * read once and none of the dispatched history. `p` (`pending_idx`): pending rows a claim may
+ * take, with those due at `now` and the oldest of them; `w` (`key_next_idx`): pending rows
+ * waiting behind their key's head (never due); `r` (`retry_idx`): claimed and failed rows (always
+ * heads), with those due and the oldest. SQLite uses a partial index only for a query that
+ * repeats its `WHERE` terms, so these are the index definitions' own terms.
+ */
+function activeStats(o: string, now: string): string {
+  const due = `(next_attempt_at IS NULL OR next_attempt_at <= ${now})`;
+  return `(SELECT count(*) AS pending, count(*) FILTER (WHERE ${due}) AS due, min(created_at) FILTER (WHERE ${due}) AS oldest_due FROM ${o} WHERE ${pendingSql}) AS p, (SELECT count(*) AS waiting FROM ${o} WHERE ${waitingSql}) AS w, (SELECT count(*) FILTER (WHERE state = 'claimed') AS claimed, count(*) FILTER (WHERE state = 'failed') AS failed, count(*) FILTER (WHERE key_head AND ${due}) AS due, min(created_at) FILTER (WHERE key_head AND ${due}) AS oldest_due FROM ${o} WHERE ${retrySql}) AS r`;
 }
 
 /** A Postgres timestamptz expression as ISO-8601 UTC text (`Date#toISOString()` form). */

@@ -10,7 +10,8 @@
  * (there is no state constraint); version 2's indexes leave dead rows out of claims. Version 3
  * (`schema_v3.ts`) adds the claim token, ordering keys and the indexes of the flat-cost claim, in
  * place. Version 4 (`schema_v4.ts`) adds the key fence's table (`<outbox>_keys`). Version 5
- * (`schema_v5.ts`) adds the index `prune` retires idle ordering keys with.
+ * (`schema_v5.ts`) adds the index `prune` retires idle ordering keys with. Version 6
+ * (`schema_v6.ts`) drops version 2's claim index, which nothing reads since version 3.
  *
  * @module
  */
@@ -18,6 +19,7 @@
 import { OutboxValidationError } from "../../core/errors.ts";
 import type { SqlExecutor, SqlRow } from "./executors.ts";
 import {
+  claimIndex,
   inboxColumnsV1,
   inboxColumnsV2,
   inboxColumnsV3,
@@ -30,6 +32,7 @@ import {
   schemaV2Fresh,
   schemaV3Fresh,
   schemaV4Fresh,
+  schemaV5Fresh,
   sqliteInboxTable,
   sqliteOutboxTable,
 } from "./schema.ts";
@@ -37,6 +40,7 @@ import { createPostgresOutboxSchema, createSqliteOutboxSchema } from "./schema.t
 import { schemaV3Down, schemaV3Up } from "./schema_v3.ts";
 import { keySequencesTable, schemaV4Down, schemaV4Up } from "./schema_v4.ts";
 import { keySettledIndex, schemaV5Down, schemaV5Up } from "./schema_v5.ts";
+import { schemaV6Down, schemaV6Up } from "./schema_v6.ts";
 import {
   checkDialect,
   type ResolvedSqlOutboxTables,
@@ -118,6 +122,7 @@ export function getSqlOutboxMigrations(
     artifact(dialect, 3, schemaV3Up(dialect, t), schemaV3Down(dialect, t)),
     artifact(dialect, 4, schemaV4Up(dialect, t), schemaV4Down(dialect, t)),
     artifact(dialect, 5, schemaV5Up(dialect, t), schemaV5Down(dialect, t)),
+    artifact(dialect, 6, schemaV6Up(dialect, t), schemaV6Down(dialect, t)),
   ]);
 }
 
@@ -326,7 +331,7 @@ export interface MigrateResult {
  * import { DatabaseSync } from "node:sqlite";
  * import { migrate, nodeSqliteExecutor } from "@outbox/nats";
  * const result = await migrate(nodeSqliteExecutor(new DatabaseSync(":memory:")), { dialect: "sqlite" });
- * console.log(result.from, "->", result.to); // 0 -> 5
+ * console.log(result.from, "->", result.to); // 0 -> 6
  * ```
  */
 export async function migrate(
@@ -423,6 +428,8 @@ async function migrateLocked(
         ? schemaV3Fresh(dialect, t)
         : shape === 4
         ? schemaV4Fresh(dialect, t)
+        : shape === 5
+        ? schemaV5Fresh(dialect, t)
         : dialect === "postgres"
         ? createPostgresOutboxSchema(t)
         : createSqliteOutboxSchema(t);
@@ -477,15 +484,19 @@ async function detectShape(
   if (same(outbox, outboxColumnsV2) && same(inbox, inboxColumnsV2)) return 2;
   if (same(outbox, outboxColumnsV3) && same(inbox, inboxColumnsV3)) {
     if ((await columnsOf(keySequencesTable(t))).length === 0) return 3;
-    // Version 5 adds an index only.
-    const index = dialect === "postgres"
-      ? await tx.query("SELECT to_regclass($1) IS NOT NULL AS found", [keySettledIndex(t)])
-      : await tx.query(
-        "SELECT 1 AS found FROM sqlite_master WHERE type = 'index' AND name = ?1",
-        [keySettledIndex(t)],
-      );
-    const found = index[0]?.found;
-    return found === true || found === 1 || found === 1n ? 5 : 4;
+    const hasIndex = async (name: string): Promise<boolean> => {
+      const index = dialect === "postgres"
+        ? await tx.query("SELECT to_regclass($1) IS NOT NULL AS found", [name])
+        : await tx.query(
+          "SELECT 1 AS found FROM sqlite_master WHERE type = 'index' AND name = ?1",
+          [name],
+        );
+      const found = index[0]?.found;
+      return found === true || found === 1 || found === 1n;
+    };
+    // Version 5 adds an index only; version 6 drops one (the claim index of version 2).
+    if (!await hasIndex(keySettledIndex(t))) return 4;
+    return await hasIndex(claimIndex(t)) ? 5 : 6;
   }
   throw new OutboxMigrationError(
     "unrecognised",

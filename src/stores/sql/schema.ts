@@ -45,7 +45,10 @@ export const outboxColumnsV3: readonly string[] = [
 /** Inbox columns of schema version 3 (unchanged). */
 export const inboxColumnsV3: readonly string[] = inboxColumnsV2;
 
-/** The states whose rows a claim may still take; the claim index covers exactly these. */
+/**
+ * The states whose rows a claim may still take; version 2's claim index (`<outbox>_claim_idx`,
+ * dropped by version 6) covers exactly these.
+ */
 export const activeStatesSql = "state IN ('pending', 'claimed', 'failed')";
 /** The terminal states prune deletes; the retention index covers exactly these. */
 export const terminalStatesSql = "state IN ('dispatched', 'dead')";
@@ -93,6 +96,29 @@ export function sqliteInboxTable(name: string, ifNotExists: boolean): string {
   }${name} (message_id TEXT NOT NULL, received_at TEXT NOT NULL, consumer TEXT NOT NULL DEFAULT '', PRIMARY KEY (consumer, message_id))`;
 }
 
+/** The name of version 2's claim index (claims stopped reading it in version 3). */
+export function claimIndex(t: ResolvedSqlOutboxTables): string {
+  return `${t.outbox}_claim_idx`;
+}
+
+/**
+ * Version 2's claim index over the rows still to dispatch, as version 2 creates it (its `up`
+ * text is part of the version 2 checksum: keep it byte for byte). Version 6 drops it; its `down`
+ * creates it again with this text.
+ */
+export function claimIndexSql(
+  dialect: SqlDialect,
+  t: ResolvedSqlOutboxTables,
+  ifNotExists: boolean,
+): string {
+  const create = ifNotExists ? "CREATE INDEX IF NOT EXISTS" : "CREATE INDEX";
+  // SQLite: the claim index also carries next_attempt_at and state, so the claim's scan reads
+  // only the index (EXPLAIN QUERY PLAN: "USING COVERING INDEX"). Postgres must visit the heap to
+  // lock rows anyway (FOR UPDATE), so its index is the bare order.
+  const claimColumns = dialect === "postgres" ? "seq" : "seq, next_attempt_at, state";
+  return `${create} ${claimIndex(t)} ON ${t.outbox} (${claimColumns}) WHERE ${activeStatesSql}`;
+}
+
 /** The version 2 indexes; `ifNotExists` for the idempotent fresh schema. */
 export function indexesV2(
   dialect: SqlDialect,
@@ -100,12 +126,8 @@ export function indexesV2(
   ifNotExists: boolean,
 ): string[] {
   const create = ifNotExists ? "CREATE INDEX IF NOT EXISTS" : "CREATE INDEX";
-  // SQLite: the claim index also carries next_attempt_at and state, so the claim's scan reads
-  // only the index (EXPLAIN QUERY PLAN: "USING COVERING INDEX"). Postgres must visit the heap to
-  // lock rows anyway (FOR UPDATE), so its index is the bare order.
-  const claimColumns = dialect === "postgres" ? "seq" : "seq, next_attempt_at, state";
   return [
-    `${create} ${t.outbox}_claim_idx ON ${t.outbox} (${claimColumns}) WHERE ${activeStatesSql}`,
+    claimIndexSql(dialect, t, ifNotExists),
     `${create} ${t.outbox}_retention_idx ON ${t.outbox} (state, updated_at) WHERE ${terminalStatesSql}`,
     `${create} ${t.inbox}_received_idx ON ${t.inbox} (received_at)`,
   ];
@@ -141,15 +163,22 @@ export function schemaV4Fresh(dialect: SqlDialect, t: ResolvedSqlOutboxTables): 
   return [...schemaV3Fresh(dialect, t), keySequencesTableSql(dialect, t, true)];
 }
 
-function currentSchema(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
+/** The version 5 schema as idempotent statements (to complete an adopted version 5 database). */
+export function schemaV5Fresh(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
   return [...schemaV4Fresh(dialect, t), keySettledIndexSql(dialect, t)];
 }
 
+/** The current schema (version 6): version 5's without the claim index (see `schema_v6.ts`). */
+function currentSchema(dialect: SqlDialect, t: ResolvedSqlOutboxTables): string[] {
+  const claim = claimIndexSql(dialect, t, true);
+  return schemaV5Fresh(dialect, t).filter((statement) => statement !== claim);
+}
+
 /**
- * The current SQLite schema (version 5) for a FRESH database, as idempotent statements
+ * The current SQLite schema (version 6) for a FRESH database, as idempotent statements
  * (`CREATE ... IF NOT EXISTS`). It does not upgrade an existing version 1 database: use
  * `migrate()` (or the artifacts of `getSqlOutboxMigrations()`) for that. `migrate()` recognises
- * a database created by these statements as version 5.
+ * a database created by these statements as version 6.
  *
  * @example
  * ```ts
@@ -164,10 +193,10 @@ export function createSqliteOutboxSchema(tables?: SqlOutboxTables): string[] {
 }
 
 /**
- * The current Postgres schema (version 5) for a FRESH database, as idempotent statements
+ * The current Postgres schema (version 6) for a FRESH database, as idempotent statements
  * (`CREATE ... IF NOT EXISTS`). It does not upgrade an existing version 1 database: use
  * `migrate()` (or the artifacts of `getSqlOutboxMigrations()`) for that. `migrate()` recognises
- * a database created by these statements as version 5.
+ * a database created by these statements as version 6.
  *
  * @example
  * ```ts
