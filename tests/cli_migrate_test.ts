@@ -211,3 +211,44 @@ Deno.test("cli: a version 2 outbox is refused by status until migrated to versio
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("cli migrate sqlite: --print on tables without a migration record shows the version migrate adopts them at", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "outbox-cli-" });
+  try {
+    const path = join(dir, "app.db");
+    const printed = await runCli(["migrate", "--print", "--store", `sqlite:${path}`]);
+    assert.equal(printed.code, 0, printed.stderr);
+    const db = new DatabaseSync(path);
+    try {
+      db.exec(printed.stdout); // what a DBA would run: the current schema, no record
+    } finally {
+      db.close();
+    }
+    // migrate adopts these tables at 6 with nothing to run; --print must not list versions 4
+    // to 6 (version 4's CREATE TABLE of the key fence would fail on them).
+    const again = await runCli(["migrate", "--print", "--store", `sqlite:${path}`]);
+    assert.equal(again.code, 0, again.stderr);
+    assert.match(again.stdout, /adopts it at version 6/);
+    assert.match(again.stdout, /nothing to migrate: .* at version 6/);
+    assert.doesNotMatch(again.stdout, /CREATE TABLE/);
+
+    // The previous release's schema (version 5: the claim index still there): only version 6.
+    const v5 = new DatabaseSync(path);
+    try {
+      v5.exec(
+        "CREATE INDEX trellis_outbox_claim_idx ON trellis_outbox (seq, next_attempt_at, state) WHERE state IN ('pending', 'claimed', 'failed')",
+      );
+    } finally {
+      v5.close();
+    }
+    const pending = await runCli(["migrate", "--print", "--store", `sqlite:${path}`]);
+    assert.equal(pending.code, 0, pending.stderr);
+    assert.match(pending.stdout, /adopts it at version 5/);
+    assert.match(pending.stdout, /1 pending migration\(s\) for .*, version 5 -> 6/);
+    assert.doesNotMatch(pending.stdout, /_v4 \(version 4/);
+    const applied = await runCli(["migrate", "--store", `sqlite:${path}`]);
+    assert.match(applied.stdout, /from version 5 to 6 \(existing tables adopted at version 5\)/);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
