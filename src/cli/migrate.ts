@@ -19,16 +19,11 @@ import {
   type SqlDialect,
   type SqlOutboxMigration,
 } from "../../mod.ts";
+import { detectShape } from "../stores/sql/migrations.ts";
 import { type Command, integerValue, storeSettings } from "./args.ts";
 import { CliError, describeError } from "./errors.ts";
 import type { CliIo } from "./io.ts";
-import {
-  connectStoreNats,
-  openSqlDatabase,
-  outboxSchemaVersion,
-  type SqlDatabase,
-  sqlTables,
-} from "./store.ts";
+import { connectStoreNats, openSqlDatabase, type SqlDatabase, sqlTables } from "./store.ts";
 
 /**
  * The version recorded in the migrations table (0 when it does not exist or is empty), read
@@ -83,7 +78,13 @@ async function printPending(db: SqlDatabase, io: CliIo, label: string): Promise<
   let current = await recordedVersion(db);
   let note = "";
   if (current === 0) {
-    const shape = await outboxSchemaVersion(db);
+    // The version migrate() adopts the tables at (indexes included), not just their columns'.
+    let shape: number;
+    try {
+      shape = await detectShape(db.executor, db.dialect, db.tables);
+    } catch (error) {
+      throw new CliError(`cannot migrate ${label}: ${describeError(error)}`, { cause: error });
+    }
     if (shape === 0) {
       io.out(formatFreshSchema(db.dialect, db.tables, label));
       return;

@@ -459,8 +459,22 @@ async function migrateLocked(
   return { from, to: current, applied, reverted, adopted };
 }
 
-/** The version whose columns the existing tables have: 0 when neither table exists. */
-async function detectShape(
+/**
+ * The version `migrate()` adopts tables without a migration record at: 0 when neither table
+ * exists; throws `OutboxMigrationError` (`unrecognised`) for tables of no known shape. Read-only
+ * (`outbox-nats migrate --print` asks it too, so what it prints is what `migrate()` runs).
+ *
+ * @example
+ * ```ts
+ * import { DatabaseSync } from "node:sqlite";
+ * import { nodeSqliteExecutor } from "@outbox/nats";
+ * import { detectShape } from "./migrations.ts";
+ * import { resolveSqlOutboxTables } from "./tables.ts";
+ * const executor = nodeSqliteExecutor(new DatabaseSync(":memory:"));
+ * console.log(await detectShape(executor, "sqlite", resolveSqlOutboxTables())); // 0
+ * ```
+ */
+export async function detectShape(
   tx: SqlExecutor,
   dialect: SqlDialect,
   t: ResolvedSqlOutboxTables,
