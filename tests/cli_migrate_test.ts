@@ -135,18 +135,26 @@ Deno.test("cli migrate sqlite: --print on a missing file, then migrate creates t
   }
 });
 
+/**
+ * Runs on the SQLite file at `path` the SQL `migrate --print` shows for it, as a DBA would (for
+ * an empty file: the current schema, without a migration record).
+ */
+async function runPrintedSchema(path: string): Promise<void> {
+  const printed = await runCli(["migrate", "--print", "--store", `sqlite:${path}`]);
+  assert.equal(printed.code, 0, printed.stderr);
+  const db = new DatabaseSync(path);
+  try {
+    db.exec(printed.stdout);
+  } finally {
+    db.close();
+  }
+}
+
 Deno.test("cli migrate sqlite: the SQL --print shows for an empty database is what migrate adopts", async () => {
   const dir = await Deno.makeTempDir({ prefix: "outbox-cli-" });
   try {
     const path = join(dir, "app.db");
-    const printed = await runCli(["migrate", "--print", "--store", `sqlite:${path}`]);
-    assert.equal(printed.code, 0, printed.stderr);
-    const db = new DatabaseSync(path);
-    try {
-      db.exec(printed.stdout); // what a DBA would run
-    } finally {
-      db.close();
-    }
+    await runPrintedSchema(path);
     const adopted = await runCli(["migrate", "--store", `sqlite:${path}`]);
     assert.equal(adopted.code, 0, adopted.stderr);
     assert.match(
@@ -216,14 +224,7 @@ Deno.test("cli migrate sqlite: --print on tables without a migration record show
   const dir = await Deno.makeTempDir({ prefix: "outbox-cli-" });
   try {
     const path = join(dir, "app.db");
-    const printed = await runCli(["migrate", "--print", "--store", `sqlite:${path}`]);
-    assert.equal(printed.code, 0, printed.stderr);
-    const db = new DatabaseSync(path);
-    try {
-      db.exec(printed.stdout); // what a DBA would run: the current schema, no record
-    } finally {
-      db.close();
-    }
+    await runPrintedSchema(path);
     // migrate adopts these tables at 6 with nothing to run; --print must not list versions 4
     // to 6 (version 4's CREATE TABLE of the key fence would fail on them).
     const again = await runCli(["migrate", "--print", "--store", `sqlite:${path}`]);

@@ -118,6 +118,20 @@ function iso(date: Date): string {
   return date.toISOString();
 }
 
+/** 1 when the index `name` exists, 0 when not. */
+async function indexCount(
+  executor: SqlExecutor,
+  dialect: SqlDialect,
+  name: string,
+): Promise<number> {
+  return (await executor.query(
+    dialect === "postgres"
+      ? `SELECT 1 FROM pg_indexes WHERE indexname = '${name}'`
+      : `SELECT 1 FROM sqlite_master WHERE name = '${name}'`,
+    [],
+  )).length;
+}
+
 for (const dialect of dialects) {
   Deno.test(`${dialect}: a reference v1 database with rows in every state is upgraded in place`, async () => {
     const db = await openDb(dialect);
@@ -561,13 +575,7 @@ for (const dialect of dialects) {
       const old = new Date(Date.now() - 120_000);
       const [k1] = await outbox.claimDue(5, old);
       assert.equal(await outbox.markDispatched(k1, old, undefined, { sequence: 7 }), true);
-      const index = async () =>
-        (await executor.query(
-          dialect === "postgres"
-            ? `SELECT 1 FROM pg_indexes WHERE indexname = '${tables.outbox}_key_settled_idx'`
-            : `SELECT 1 FROM sqlite_master WHERE name = '${tables.outbox}_key_settled_idx'`,
-          [],
-        )).length;
+      const index = () => indexCount(executor, dialect, `${tables.outbox}_key_settled_idx`);
       assert.equal(await index(), 0);
       assert.deepEqual(await migrate(executor, { dialect, tables, to: 5 }), {
         from: 4,
@@ -612,13 +620,7 @@ for (const dialect of dialects) {
       const [a] = await outbox.claimDue(1, now);
       assert.equal(await outbox.markDispatched(a, now), true);
       const [b] = await outbox.claimDue(1, now);
-      const index = async () =>
-        (await executor.query(
-          dialect === "postgres"
-            ? `SELECT 1 FROM pg_indexes WHERE indexname = '${tables.outbox}_claim_idx'`
-            : `SELECT 1 FROM sqlite_master WHERE name = '${tables.outbox}_claim_idx'`,
-          [],
-        )).length;
+      const index = () => indexCount(executor, dialect, `${tables.outbox}_claim_idx`);
       assert.equal(await index(), 1);
       const before = await outbox.stats(now);
       assert.deepEqual(await migrate(executor, { dialect, tables }), {
