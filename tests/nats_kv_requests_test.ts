@@ -15,7 +15,7 @@ import fc from "fast-check";
 import { JetStreamClientImpl } from "@nats-io/jetstream/internal";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { KvRequests, plainAckSeq } from "../src/stores/nats_kv/kv_requests.ts";
-import { encodeText } from "../src/stores/nats_kv/slab_encoder.ts";
+import { encodeText } from "../src/core/slab_encoder.ts";
 import { ApiStoredMessage } from "../src/stores/nats_kv/stored_messages.ts";
 import { countingKv, newCounts } from "./nats_kv_fixture.ts";
 import { connectNats, eventually, NatsServer, sleep, uniqueName } from "./kit/mod.ts";

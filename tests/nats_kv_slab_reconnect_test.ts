@@ -1,5 +1,5 @@
 /**
- * Review of `src/stores/nats_kv/slab_encoder.ts` against a real server: writes whose values and
+ * Review of `src/core/slab_encoder.ts` against a real server: writes whose values and
  * headers are slab views, published while the connection is lost and buffered by nats.js until
  * it reconnects, must reach the server with their own bytes (a later write must not overwrite a
  * buffered one). Every stored entry, acknowledged or not, is compared with its own text.
@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { jetstream } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { KvRequests } from "../src/stores/nats_kv/kv_requests.ts";
-import { encodeText } from "../src/stores/nats_kv/slab_encoder.ts";
+import { encodeText } from "../src/core/slab_encoder.ts";
 import { connectNats, NatsServer, sleep, uniqueName } from "./kit/mod.ts";
 
 function textOf(i: number): string {

@@ -4,7 +4,6 @@
  * @module
  */
 
-import { headers as natsHeaders } from "@nats-io/nats-core";
 import { OutboxPublishError } from "../core/errors.ts";
 import { outboxHeaders } from "../core/events.ts";
 import type {
@@ -17,11 +16,12 @@ import type {
   PreparedEvent,
 } from "../core/types.ts";
 import { classifyJetStreamError } from "./jetstream_errors.ts";
+import { headerBlock, type HeaderEntry, natsHeaderMap } from "./header_block.ts";
+import { encodeText } from "../core/slab_encoder.ts";
 import {
   defaultPubAckWindow,
   type PubAck,
   type PubAckConnection,
-  type PubAckHeaders,
   pubAckPipelineFor,
 } from "./pub_ack_pipeline.ts";
 import { type JetStreamManagerLike, JetStreamScopes } from "./jetstream_scope.ts";
@@ -265,17 +265,16 @@ export function createJetStreamRuntime(
         try {
           // Inside the try: a header nats.js refuses (a row written behind the validator's back)
           // is classified like any other invalid argument, permanent.
-          const messageHeaders = natsHeaders();
-          messageHeaders.set(outboxHeaders.messageId, id);
+          const messageHeaders: HeaderEntry[] = [[outboxHeaders.messageId, id]];
           for (const [name, value] of Object.entries(event.headers)) {
             // The event id above is the Nats-Msg-Id (validation keeps a stored one equal to it);
             // the fence's expectation is the dispatcher's, never a stored header's.
             const lower = name.toLowerCase();
             if (lower === messageIdLower || lower === expectationLower) continue;
-            messageHeaders.set(name, value);
+            messageHeaders.push([name, value]);
           }
           if (expecting !== undefined) {
-            messageHeaders.set(expectedLastSubjectSequenceHeader, String(expecting));
+            messageHeaders.push([expectedLastSubjectSequenceHeader, String(expecting)]);
           }
           ack = await send(event.subject, event.encodedPayload, messageHeaders, timeout);
         } catch (error) {
@@ -357,8 +356,8 @@ const maxTimerDelayMs = 2_147_483_647;
 
 type Send = (
   subject: string,
-  payload: string | Uint8Array,
-  headers: PubAckHeaders,
+  payload: string,
+  headers: readonly HeaderEntry[],
   timeoutMs: number,
 ) => Promise<PubAck>;
 
@@ -373,8 +372,11 @@ function publisherFor(js: JetStreamPublisher, options: JetStreamRuntimeOptions):
   }
   if (mode === "pipeline" && typeof js.getConnection === "function") {
     const pipeline = pubAckPipelineFor(js.getConnection(), { window });
+    // Header block and payload encoded here, into a shared slab (header_block.ts): nats.js would
+    // make a Map of the headers and two new buffers per message.
     return (subject, payload, headers, timeoutMs) =>
-      pipeline.publish(subject, payload, headers, timeoutMs);
+      pipeline.publish(subject, encodeText(payload), headerBlock(headers), timeoutMs);
   }
-  return (subject, payload, headers, timeout) => js.publish(subject, payload, { headers, timeout });
+  return (subject, payload, headers, timeout) =>
+    js.publish(subject, payload, { headers: natsHeaderMap(headers), timeout });
 }

@@ -30,7 +30,7 @@ import { JetStreamApiError, JetStreamError, PubHeaders } from "@nats-io/jetstrea
 import { BaseApiClientImpl, DirectMsgImpl, JetStreamClientImpl } from "@nats-io/jetstream/internal";
 import { headers, type Msg, type MsgHdrs } from "@nats-io/nats-core";
 import { type ReplyMuxConnection, replyMuxFor } from "./reply_mux.ts";
-import { encodeText } from "./slab_encoder.ts";
+import { encodeText } from "../../core/slab_encoder.ts";
 import { ApiStoredMessage, DirectMessage, type StoredMessageResponse } from "./stored_messages.ts";
 
 /** The bucket's JetStream client, as this module uses it (`JetStreamClientImpl`). */

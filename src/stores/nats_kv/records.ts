@@ -6,7 +6,7 @@
  */
 
 import type { OutboxCorruptRecordError } from "../../core/errors.ts";
-import { encodeText } from "./slab_encoder.ts";
+import { encodeText } from "../../core/slab_encoder.ts";
 import type { JsonValue, OutboxMessage, OutboxRecordKind, OutboxState } from "../../core/types.ts";
 
 /** `Date#toISOString()` form. */

@@ -1,6 +1,7 @@
 /**
- * UTF-8 encoding of the NATS KV stores' outgoing writes (headers, records) into views of a
- * shared buffer instead of a new buffer per string: `TextEncoder#encode` makes a fresh
+ * UTF-8 encoding of outgoing NATS messages (the NATS KV stores' writes, the JetStream runtime's
+ * publishes: header blocks, records, payloads) into views of a shared buffer instead of a new
+ * buffer per string: `TextEncoder#encode` makes a fresh
  * off-heap `ArrayBuffer` per call (~0.75 µs here for a header block or a record, and garbage
  * for the collector to finalise), where `encodeInto` at the end of a 64 KiB slab costs a third
  * of that and a short ASCII string copied by hand less still.
