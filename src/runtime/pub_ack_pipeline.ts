@@ -15,6 +15,7 @@
 
 import { createInbox, errors } from "@nats-io/nats-core";
 import { pubAckApiError, pubAckInvalidError } from "./jetstream_errors.ts";
+import { PlainPubAckReader } from "./plain_pub_ack.ts";
 
 /**
  * Default number of PubAcks a {@linkcode PubAckPipeline} awaits at once; further publishes wait
@@ -188,6 +189,7 @@ export class PubAckPipeline {
   #replyPrefix = "";
   #nextToken = 0;
   readonly #pending = new Map<string, Entry>();
+  readonly #acks = new PlainPubAckReader();
   /** Publishes waiting for a window slot, oldest first, from `#queueHead` on. */
   #queue: Entry[] = [];
   #queueHead = 0;
@@ -309,7 +311,7 @@ export class PubAckPipeline {
     // Unknown token: a reply after its publish timed out (or a stray message): ignored.
     if (entry === undefined) return;
     this.#pending.delete(token);
-    settle(entry, msg);
+    settle(entry, msg, this.#acks);
     this.#pump();
   }
 
@@ -479,8 +481,13 @@ export function pubAckPipelineFor(
   return pipeline;
 }
 
-function settle(entry: Entry, msg: PubAckReply): void {
+function settle(entry: Entry, msg: PubAckReply, acks: PlainPubAckReader): void {
   const data = msg.data;
+  const plain = acks.read(data);
+  if (plain !== undefined) {
+    entry.resolve({ stream: plain.stream, seq: plain.seq, duplicate: false });
+    return;
+  }
   if (data.length === 0) {
     const status = msg.headers;
     if (status?.code === 503) {
@@ -516,6 +523,7 @@ function settle(entry: Entry, msg: PubAckReply): void {
   ) {
     entry.reject(pubAckInvalidError("a PubAck without stream or sequence"));
   } else {
+    acks.learn(data, body);
     entry.resolve({ stream: body.stream, seq: body.seq, duplicate: body.duplicate === true });
   }
 }
