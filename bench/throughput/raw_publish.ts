@@ -2,15 +2,17 @@
  * Scenarios (a) and (p): raw JetStream publishing with no store. `count` messages (the same
  * payloads, subjects and `Nats-Msg-Id`s as the outbox scenarios), at most `window` PubAcks
  * awaited at once, published with `js.publish` (a) or with the library's `PubAckPipeline` (p,
- * the ceiling for the dispatcher: one reply subscription, no per-message request machinery).
+ * the ceiling for the dispatcher: one reply subscription, no per-message request machinery,
+ * headers and payload encoded as `createJetStreamRuntime` encodes them).
  *
  * @module
  */
 
 import { jetstream } from "@nats-io/jetstream";
-import { headers } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { PubAckPipeline } from "../../mod.ts";
+import { encodeText } from "../../src/core/slab_encoder.ts";
+import { headerBlock } from "../../src/runtime/header_block.ts";
 import { payload, subject } from "../support/records.ts";
 import { readConfig, report, timed } from "./child.ts";
 
@@ -33,11 +35,10 @@ if (import.meta.main) {
   const js = jetstream(nc);
   const pipeline = new PubAckPipeline(nc, { window: config.window });
   const publish = config.publisher === "pipeline"
-    ? (subject: string, payload: string, id: string) => {
-      const h = headers();
-      h.set("Nats-Msg-Id", id);
-      return pipeline.publish(subject, payload, h, 5_000);
-    }
+    // As createJetStreamRuntime sends through it: header block and payload encoded into the
+    // shared slab (src/runtime/header_block.ts), not through nats.js's header map.
+    ? (subject: string, payload: string, id: string) =>
+      pipeline.publish(subject, encodeText(payload), headerBlock([["Nats-Msg-Id", id]]), 5_000)
     : (subject: string, payload: string, id: string) => js.publish(subject, payload, { msgID: id });
   // Payloads are built before the clock starts, as the outbox scenarios read them from a store.
   const payloads = Array.from({ length: config.count }, (_, i) => payload(i));
