@@ -373,9 +373,16 @@ function publisherFor(js: JetStreamPublisher, options: JetStreamRuntimeOptions):
   if (mode === "pipeline" && typeof js.getConnection === "function") {
     const pipeline = pubAckPipelineFor(js.getConnection(), { window });
     // Header block and payload encoded here, into a shared slab (header_block.ts): nats.js would
-    // make a Map of the headers and two new buffers per message.
+    // make a Map of the headers and two new buffers per message. A payload that is not text (a
+    // custom store's row, behind the types' back) goes to nats.js as it is, which sends bytes and
+    // refuses anything else, as it always did.
     return (subject, payload, headers, timeoutMs) =>
-      pipeline.publish(subject, encodeText(payload), headerBlock(headers), timeoutMs);
+      pipeline.publish(
+        subject,
+        typeof payload === "string" ? encodeText(payload) : payload,
+        headerBlock(headers),
+        timeoutMs,
+      );
   }
   return (subject, payload, headers, timeout) =>
     js.publish(subject, payload, { headers: natsHeaderMap(headers), timeout });
