@@ -919,9 +919,21 @@ async function main(): Promise<void> {
           records("x", "p", 1)[0].payload.length
         } bytes, 16 subjects, Nats-Msg-Id on every message; median of ${rounds} round(s) (min - max):`,
         "",
-        "| scenario | msg/s | ratio to (a) | ratio to (b) | of the ceiling (p) | CPU µs/msg | main thread CPU µs/msg | Postgres CPU µs/msg | nats-server CPU µs/msg | peak RSS (MB) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| scenario | msg/s | ratio to (a) | ratio to (a), paired by round | ratio to (b) | of the ceiling (p) | CPU µs/msg | main thread CPU µs/msg | Postgres CPU µs/msg | nats-server CPU µs/msg | peak RSS (MB) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
       );
+      // Each round's rate over the same round's raw rate (they run minutes apart at most), the
+      // median and range of those: the machine's drift between rounds cancels out of it, where
+      // the ratio of the two medians can pair a fast round of one with a slow round of the other.
+      const rawRounds = results.get("a")?.map(rate);
+      const paired = (list: ScenarioResult[]): string => {
+        if (!rawRounds || rawRounds.length !== list.length) return "-";
+        const ratios = list.map((r, i) => rate(r) / rawRounds[i]);
+        const range = ratios.length > 1
+          ? ` (${Math.min(...ratios).toFixed(2)} - ${Math.max(...ratios).toFixed(2)})`
+          : "";
+        return `${ratio(median(ratios))}${range}`;
+      };
       for (const scenario of selected) {
         const list = results.get(scenario.id);
         if (!list) continue;
@@ -936,7 +948,7 @@ async function main(): Promise<void> {
           return values.length === 0 ? "-" : median(values).toFixed(1);
         };
         lines.push(
-          `| ${scenario.label} | ${fmt(m)}${range} | ${ratio(a && m / a)} | ${
+          `| ${scenario.label} | ${fmt(m)}${range} | ${ratio(a && m / a)} | ${paired(list)} | ${
             ratio(b && m / b)
           } | ${ceiling ? (m / ceiling).toFixed(2) : "-"} | ${medianOf(cpuPerMessage)} | ${
             medianOf(mainCpuPerMessage)
