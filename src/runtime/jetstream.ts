@@ -6,6 +6,7 @@
 
 import { OutboxPublishError } from "../core/errors.ts";
 import { outboxHeaders } from "../core/events.ts";
+import { encodeText } from "../core/slab_encoder.ts";
 import type {
   JsonValue,
   OutboxDeliveryOptions,
@@ -17,7 +18,6 @@ import type {
 } from "../core/types.ts";
 import { classifyJetStreamError } from "./jetstream_errors.ts";
 import { headerBlock, type HeaderEntry, natsHeaderMap } from "./header_block.ts";
-import { encodeText } from "../core/slab_encoder.ts";
 import {
   defaultPubAckWindow,
   type PubAck,
