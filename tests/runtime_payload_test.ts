@@ -6,12 +6,14 @@
 
 import assert from "node:assert/strict";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import type { NatsConnection } from "@nats-io/transport-node";
 import {
   createJetStreamRuntime,
+  type JetStreamOutboxRuntime,
   outboxMessageToPreparedEvent,
   type PreparedEvent,
 } from "../mod.ts";
-import { connectNats, createTestStream } from "./kit/mod.ts";
+import { connectNats, createTestStream, type TestStream } from "./kit/mod.ts";
 
 function eventWithPayload(subject: string, id: string, payload: unknown): PreparedEvent {
   const now = new Date().toISOString();
@@ -30,11 +32,21 @@ function eventWithPayload(subject: string, id: string, payload: unknown): Prepar
   });
 }
 
-Deno.test("runtime: a payload that is not text is refused, never published empty", async () => {
+/** Runs `body` with a runtime on a fresh stream of the test server. */
+async function withRuntime(
+  body: (runtime: JetStreamOutboxRuntime, stream: TestStream, nc: NatsConnection) => Promise<void>,
+): Promise<void> {
   const nc = await connectNats();
   try {
     await using stream = await createTestStream(nc);
-    const runtime = createJetStreamRuntime(jetstream(nc));
+    await body(createJetStreamRuntime(jetstream(nc)), stream, nc);
+  } finally {
+    await nc.close();
+  }
+}
+
+Deno.test("runtime: a payload that is not text is refused, never published empty", () =>
+  withRuntime(async (runtime, stream, nc) => {
     for (const [id, payload] of [["num-1", 42], ["bool-1", true]] as const) {
       await assert.rejects(
         runtime.publishPreparedEvent(eventWithPayload(`${stream.prefix}.a`, id, payload)),
@@ -43,16 +55,10 @@ Deno.test("runtime: a payload that is not text is refused, never published empty
     }
     const info = await (await jetstreamManager(nc)).streams.info(stream.name);
     assert.equal(info.state.messages, 0);
-  } finally {
-    await nc.close();
-  }
-});
+  }));
 
-Deno.test("runtime: a payload given as bytes is published unchanged", async () => {
-  const nc = await connectNats();
-  try {
-    await using stream = await createTestStream(nc);
-    const runtime = createJetStreamRuntime(jetstream(nc));
+Deno.test("runtime: a payload given as bytes is published unchanged", () =>
+  withRuntime(async (runtime, stream, nc) => {
     const event = {
       ...eventWithPayload(`${stream.prefix}.a`, "bytes-1", '{"a":1}'),
       encodedPayload: new TextEncoder().encode('{"a":"bytes"}'),
@@ -62,7 +68,4 @@ Deno.test("runtime: a payload given as bytes is published unchanged", async () =
       seq: receipt.seq!,
     });
     assert.equal(new TextDecoder().decode(stored!.data), '{"a":"bytes"}');
-  } finally {
-    await nc.close();
-  }
-});
+  }));
