@@ -6,7 +6,8 @@
  * regular expression) and `publish` then reads nothing of it but `encode()`, which joins the
  * block into a string and makes a new off-heap buffer of it. Per published message that cost
  * ~2 µs here, more than the pipeline's own bookkeeping. {@linkcode headerBlock} writes the same
- * text directly and encodes it into a shared slab (`core/slab_encoder.ts`).
+ * text directly, as an `EncodedHeaderBlock` (`core/encoded_headers.ts`: encoded into the shared
+ * slab when sent).
  *
  * The text is `MsgHdrsImpl#toString()`'s for the same `set` calls in the same order: `NATS/1.0`,
  * then `\r\n<name>: <value>` per header (names as given, values trimmed), then `\r\n\r\n`. Any
@@ -19,30 +20,11 @@
  */
 
 import { headers as natsHeaders } from "@nats-io/nats-core";
-import { encodeText } from "../core/slab_encoder.ts";
+import { EncodedHeaderBlock } from "../core/encoded_headers.ts";
 import type { PubAckHeaders } from "./pub_ack_pipeline.ts";
 
 /** A header as the runtime sets it: name, value. */
 export type HeaderEntry = readonly [name: string, value: string];
-
-/** Headers whose encoding is fixed: what nats.js's `publish` reads of them is `encode()`. */
-class EncodedHeaderBlock {
-  readonly #text: string;
-
-  constructor(text: string) {
-    this.#text = text;
-  }
-
-  /** The block's UTF-8 bytes (a view of a shared slab; never written again). */
-  encode(): Uint8Array {
-    return encodeText(this.#text);
-  }
-
-  /** The block's text, as `MsgHdrsImpl#toString()` gives it. */
-  toString(): string {
-    return this.#text;
-  }
-}
 
 /**
  * The headers `entries` set in order, for a publish through nats.js (`nc.publish(subject, data,

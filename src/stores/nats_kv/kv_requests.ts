@@ -30,6 +30,7 @@ import { JetStreamApiError, JetStreamError, PubHeaders } from "@nats-io/jetstrea
 import { BaseApiClientImpl, DirectMsgImpl, JetStreamClientImpl } from "@nats-io/jetstream/internal";
 import { headers, type Msg, type MsgHdrs } from "@nats-io/nats-core";
 import { type ReplyMuxConnection, replyMuxFor } from "./reply_mux.ts";
+import { EncodedHeaderBlock } from "../../core/encoded_headers.ts";
 import { encodeText } from "../../core/slab_encoder.ts";
 import { ApiStoredMessage, DirectMessage, type StoredMessageResponse } from "./stored_messages.ts";
 
@@ -442,25 +443,6 @@ function plainResponse<T>(reply: Msg): T | undefined {
   return value as T;
 }
 
-/**
- * The headers of a KV write, already as the text `MsgHdrsImpl#encode` makes of them (its
- * `NATS/1.0` block, keys as given, in the order the bucket sets them): a `publish` of
- * `@nats-io/nats-core` 3.4 reads nothing but `encode()` of a message's headers (the sources hash
- * below covers it), and building a `MsgHdrsImpl` per write (a Map, key canonicalisation and
- * lookups) cost more than the rest of the write's headers.
- */
-class EncodedHeaders {
-  readonly #text: string;
-
-  constructor(text: string) {
-    this.#text = text;
-  }
-
-  encode(): Uint8Array {
-    return this.#text === "" ? empty : encodeText(this.#text);
-  }
-}
-
 /** What `headers()` with no header encodes to (an empty block; js.publish sends it). */
 const noHeaders = encoded("");
 
@@ -469,9 +451,12 @@ function expectLast(seq: number): MsgHdrs {
   return encoded(`NATS/1.0\r\n${PubHeaders.ExpectedLastSubjectSequenceHdr}: ${seq}\r\n\r\n`);
 }
 
-/** Headers whose encoding is `text`, as `publish` takes them (it reads only `encode()`). */
+/**
+ * Headers whose encoding is `text`, as `publish` takes them: it reads only `encode()` (the
+ * sources hash below covers the `publish` of this package's nats-core).
+ */
 function encoded(text: string): MsgHdrs {
-  return new EncodedHeaders(text) as unknown as MsgHdrs;
+  return new EncodedHeaderBlock(text) as unknown as MsgHdrs;
 }
 
 /** The headers of a KV delete (`KV-Operation: DEL`), with its compare-and-set when given. */
@@ -508,7 +493,7 @@ function plainBucket(kv: KV): Bucket | undefined {
     !isConnection(streams.nc) || typeof streams.parseJsResponse !== "function"
   ) return undefined;
   // The same for the connection's request, which the reply mux stands in for, and its publish,
-  // which gets the writes' headers already encoded (see EncodedHeaders).
+  // which gets the writes' headers already encoded (see EncodedHeaderBlock).
   if (hasOwn(js.nc, ["request", "publish"])) return undefined;
   // And the code it reproduces is the release it was written and tested against.
   if (sourcesHash(js.nc, direct, streams) !== testedSourcesHash) return undefined;
