@@ -220,13 +220,15 @@ for (const open of [postgresStore, sqliteStore]) {
     await using store = await open();
     await using peer = await store.peer();
     // A 100 ms duplicate window (the server's minimum) lets the same Nats-Msg-Id be stored
-    // several times: the copies a re-publish outside the window would produce.
+    // several times: the copies a re-publish outside the window would produce. The server
+    // forgets ids when its purge timer fires, which can run late on a loaded machine (nats-server
+    // 2.15 in CI once kept 3 of 20 ids past 150 ms): the copies are 500 ms apart.
     await using env = await jetstreamSetup({ duplicate_window: 100_000_000 });
     const js = jetstream(env.nc);
     const ids = Array.from({ length: 20 }, (_, i) => `dup-${i}`);
     for (let copy = 0; copy < 3; copy++) {
       for (const id of ids) await js.publish(`${env.stream.prefix}.a`, id, { msgID: id });
-      await new Promise((resolve) => setTimeout(resolve, 150));
+      await new Promise((resolve) => setTimeout(resolve, 500));
     }
     const info = await (await jetstreamManager(env.nc)).streams.info(env.stream.name);
     assert.equal(info.state.messages, 60, "three stored copies of each id");
