@@ -10,7 +10,7 @@
  * Options (all optional): `--count=20000` messages per throughput scenario, `--window=256`
  * PubAcks in flight for raw publishing, `--rounds=3` (every scenario runs once per round, rounds
  * interleave, the table shows medians), `--only=a,p,b,pg,pg-keys,pg-1key,sqlite,sqlite-normal,sqlite-worker,sqlite-worker-normal,kv,kv-copies,memory,otel-api,otel-sdk,
- * p-r1,p-r3,pg-r1,pg-r3,latency,rss` (a subset; the `-r1`/`-r3` scenarios run on a private
+ * p-r1,p-r3,fi-r1,fi-r3,pg-r1,pg-r3,latency,rss` (a subset; the `-r1`/`-r3` scenarios run on a private
  * 3-node cluster started through the test kit, see below), `--latency-seconds=20`, `--latency-rate=1000`, `--latency-rounds=2`
  * (runs per wake-up mode, alternating which runs first), `--rss-count=100000`,
  * `--no-async-traces` (nats.js connections with `noAsyncTraces: true`), `--publisher=pipeline|
@@ -22,7 +22,10 @@
  * R3 vs R1: when a `-r1`/`-r3` scenario is wanted, a private 3-node JetStream cluster
  * (`NatsCluster` from the test kit, local nats-server binary) is started; the client connects to
  * node n1, the R1 stream is placed on n1, the R3 stream is replicated on all three (its leader
- * wherever the cluster puts it, reported in the output).
+ * wherever the cluster puts it, reported in the output). `fi-r1`/`fi-r3` publish the same messages
+ * as nats-server 2.14+'s fast-ingest batches (`--fi-batch=1000` messages per batch,
+ * `--fi-ack-interval=10`) to a stream with `allow_batched`: they need such a server, for example
+ * `OUTBOX_NATS_SERVER_BIN=$(deno run -A scripts/fetch_nats_server.ts --path sid)`.
  *
  * Every scenario runs in its own subprocess (./throughput/*.ts), so its peak RSS (VmHWM) is its
  * own; stores and streams are prepared here, before the subprocess starts its clock. After each
@@ -74,6 +77,8 @@ const { values: args } = parseArgs({
     "latency-rate": { type: "string", default: "1000" },
     "latency-rounds": { type: "string", default: "2" },
     "rss-count": { type: "string", default: "100000" },
+    "fi-batch": { type: "string", default: "1000" },
+    "fi-ack-interval": { type: "string", default: "10" },
     "no-async-traces": { type: "boolean", default: false },
     publisher: { type: "string" },
     limit: { type: "string" },
@@ -83,6 +88,9 @@ const { values: args } = parseArgs({
   },
 });
 const count = Number(args.count);
+/** Scenarios `fi-r*`: messages per fast-ingest batch and the `ackInterval` asked for. */
+const fiBatch = Number(args["fi-batch"]);
+const fiAckInterval = Number(args["fi-ack-interval"]);
 /** The single-ordering-key scenario relays one message per round trip: fewer messages. */
 const singleKeyCount = Math.min(count, 2_000);
 const window = Number(args.window);
@@ -475,6 +483,32 @@ async function main(): Promise<void> {
       },
     };
   }
+  /** nats-server 2.14+'s fast-ingest batches on the cluster (for comparison with `p-r*`). */
+  function clusterFastIngest(replicas: 1 | 3): Scenario {
+    return {
+      id: `fi-r${replicas}`,
+      label: `(f) fast-ingest batches of ${fiBatch} (ackInterval ${fiAckInterval}), no store, ` +
+        `3-node cluster, R${replicas} stream`,
+      async prepare() {
+        const c = await onCluster();
+        const s = await stream({
+          jsm: c.jsm,
+          config: { ...replicated(replicas), allow_batched: true },
+        });
+        const config: RawPublishConfig = {
+          natsUrl: c.url,
+          prefix: s.prefix,
+          tag: uniqueName("fi"),
+          count,
+          window,
+          publisher: "fast-ingest",
+          batchSize: fiBatch,
+          ackInterval: fiAckInterval,
+        };
+        return { file: "raw_publish.ts", config, finish: () => s.verify(count) };
+      },
+    };
+  }
   function clusterDispatcher(replicas: 1 | 3): Scenario {
     return {
       id: `pg-r${replicas}`,
@@ -618,6 +652,8 @@ async function main(): Promise<void> {
     ),
     clusterPipeline(1),
     clusterPipeline(3),
+    clusterFastIngest(1),
+    clusterFastIngest(3),
     clusterDispatcher(1),
     clusterDispatcher(3),
   ];
