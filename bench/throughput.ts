@@ -362,18 +362,22 @@ async function main(): Promise<void> {
   }
 
   /**
-   * The NATS KV relay; `markerCopies`: producer and relay write markers with copies of their
-   * records (`NatsKvOutboxOptions.markerCopies`), so claims read no record.
+   * The NATS KV relay; `markerCopies: true`: producer and relay write markers with copies of
+   * their records (`NatsKvOutboxOptions.markerCopies`), so claims read no record. Otherwise the
+   * producer has the library's default, whose markers carry same-flush copies; a `--baseline`
+   * checkout's twin gets markers without copies, as that library's default enqueue wrote them
+   * before same-flush copies (and as it still does if it is older).
    */
   function kvScenario(id: string, label: string, markerCopies: boolean): Scenario {
     return {
       id,
       label,
-      async prepare() {
+      async prepare(root) {
         const s = await stream();
         const bucket = uniqueName("outbox_bench_tp");
         const kv = await createOutboxBucket(new Kvm(nc), bucket);
-        const outbox = new NatsKvOutboxRepository(kv, { markerCopies });
+        const producerCopies = markerCopies ? true : root === baseline ? false : undefined;
+        const outbox = new NatsKvOutboxRepository(kv, { markerCopies: producerCopies });
         await enqueueAll(outbox, records(uniqueName("m"), s.prefix, count));
         await outbox.close();
         const config: OutboxDispatchConfig = {

@@ -1,8 +1,9 @@
 /**
  * A marker's copy of its record (`Marker.r`, at the record revision `rev` names), written by
  * repositories with `markerCopies` on: the first claim of a message compares-and-sets the record
- * without reading it. Off (the default), enqueue writes record and marker together and no marker
- * carries a copy; repositories with it on and off share a bucket. Every way the copy can be stale
+ * without reading it. With `"same-flush"` (the default) enqueue writes marker and record together,
+ * the marker first with a copy but no revision (nats_kv_same_flush_copy_test.ts); with `false` no
+ * marker carries a copy; repositories with different settings share a bucket. Every way the copy can be stale
  * or unusable ends in the usual read: another claimer took the record, a settle whose marker
  * delete has not reached this index, a marker written by the previous version (no copy), a
  * record too large to copy, a copy that fails the record schema. On a real bucket, two store
@@ -311,8 +312,8 @@ async function markerFields(kv: KV, id: string): Promise<string[]> {
   return Object.keys(await markerOf(kv, id) ?? {}).sort();
 }
 
-Deno.test("nats kv marker copy: off by default, enqueue sends record and marker together, the marker without a copy", async () => {
-  for (const markerCopies of [undefined, false, true]) {
+Deno.test("nats kv marker copy: by default enqueue sends marker (with a same-flush copy) and record together; false: no copy; true: record first", async () => {
+  for (const markerCopies of [undefined, "same-flush" as const, false, true]) {
     await using fixture = await openKvFixture();
     const message = fresh();
     const recordKey = await outboxRecordKey(message.id);
@@ -331,14 +332,22 @@ Deno.test("nats kv marker copy: off by default, enqueue sends record and marker 
     events.length = 0;
     await producer.enqueue(message);
     const marker = await markerOf(fixture.kv, message.id);
-    if (markerCopies) {
+    if (markerCopies === true) {
       assert.deepEqual(events, ["send record", "ack record", "send marker", "ack marker"]);
       assert.ok(marker?.r !== undefined && marker.rev !== undefined, "a copy and its revision");
-    } else {
+    } else if (markerCopies === false) {
       assert.deepEqual(events.slice(0, 2), ["send record", "send marker"], `${markerCopies}`);
       assert.deepEqual(marker, { v: 1, id: message.id }, "as before copies");
+    } else {
+      assert.deepEqual(events.slice(0, 2), ["send marker", "send record"], `${markerCopies}`);
+      const record = await entryOf(fixture.kv, recordKey);
+      assert.deepEqual(
+        marker,
+        { v: 1, id: message.id, r: record?.json(), n: true },
+        "a copy of the record, no revision",
+      );
     }
-    // Failed marks and requeues: no copy when off.
+    // Failed marks and requeues: a copy only with `true` (same-flush copies are enqueue's).
     const [claimed] = await producer.claimDue(10, new Date());
     const t0 = new Date();
     assert.equal(
@@ -360,7 +369,7 @@ Deno.test("nats kv marker copy: off by default, enqueue sends record and marker 
 Deno.test("nats kv marker copy: a producer with copies and a relay without (and the reverse) share a bucket", async () => {
   await using fixture = await openKvFixture();
   const withCopies = fixture.outbox({ markerCopies: true });
-  const without = fixture.outbox();
+  const without = fixture.outbox({ markerCopies: false });
   const byCopier = fresh();
   const byPlain = fresh();
   await withCopies.enqueue(byCopier);
@@ -369,7 +378,7 @@ Deno.test("nats kv marker copy: a producer with copies and a relay without (and 
   assert.equal((await markerOf(fixture.kv, byPlain.id))?.r, undefined);
 
   // A relay without copies uses the copy it finds, and reads the record that has none.
-  const plainRelay = countingOutbox(fixture);
+  const plainRelay = countingOutbox(fixture, { markerCopies: false });
   const claimed = await plainRelay.outbox.claimDue(10, new Date());
   assert.deepEqual(claimed.map((m) => m.id).sort(), [byCopier.id, byPlain.id].sort());
   assert.equal(plainRelay.gets(), 1, "only the record whose marker has no copy is read");
@@ -413,7 +422,7 @@ Deno.test("nats kv marker copy: a producer with copies and a relay without (and 
   assert.equal((await withCopies.get(byPlain.id))?.state, "dispatched");
 });
 
-Deno.test("nats kv marker copy: markerCopies must be a boolean", async () => {
+Deno.test('nats kv marker copy: markerCopies must be true, false or "same-flush"', async () => {
   await using fixture = await openKvFixture();
   assert.throws(
     () => fixture.outbox({ markerCopies: "yes" as unknown as boolean }),

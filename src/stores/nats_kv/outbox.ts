@@ -162,12 +162,22 @@ export interface NatsKvOutboxOptions {
    * claimer; each repository's index keeps at most 32 MiB of copies (beyond that, markers are
    * indexed without theirs and their records are read).
    *
-   * Claims use the copies they find whatever this option says: repositories with it on and off
-   * can share a bucket (a copy is only a guess, checked by the claim's compare-and-set).
+   * `"same-flush"` (the default): record and marker still leave in one flush, and the marker
+   * of an unkeyed record up to 8 KiB carries its copy without a revision and goes first
+   * (`Marker.n`): claims take the record's revision to be the marker's plus one. That is right
+   * unless another writer's message reached the bucket's stream between the two (another
+   * producer enqueueing at the same moment); then the claim's compare-and-set fails and it reads
+   * the record, one request more than without a copy. A repository that sees most of its guesses fail stops
+   * using them for a while. No extra round trip and no crash window, but markers are as large
+   * as with `true`. `false`: markers carry no copy, and every claim reads its record.
    *
-   * @default {false}
+   * Claims use the copies they find whatever this option says: repositories with different
+   * settings, and versions before these copies (which ignore a copy without a revision), can
+   * share a bucket (a copy is only a guess, checked by the claim's compare-and-set).
+   *
+   * @default {"same-flush"}
    */
-  markerCopies?: boolean;
+  markerCopies?: boolean | "same-flush";
 }
 
 /**
@@ -310,8 +320,15 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   readonly #index: ActiveIndex;
   readonly #orphanGraceMs: number;
   readonly #claimCacheSize: number;
-  /** `NatsKvOutboxOptions.markerCopies`. */
+  /** `NatsKvOutboxOptions.markerCopies` is `true`. */
   readonly #markerCopies: boolean;
+  /** `NatsKvOutboxOptions.markerCopies` is `"same-flush"`. */
+  readonly #sameFlushCopies: boolean;
+  /** Claims from same-flush copies (`Marker.n`) in the current round of `guessRound`, and how many failed. */
+  #guesses = 0;
+  #guessesMissed = 0;
+  /** Candidates whose same-flush copy is ignored (read instead) after a round of mostly misses. */
+  #guessPause = 0;
   readonly #claims = new Map<string, Cached>();
   readonly #inFlight = new Set<string>();
   /**
@@ -335,13 +352,15 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     this.#requests = new KvRequests(kv);
     this.#orphanGraceMs = nonNegative("orphanGraceMs", options.orphanGraceMs ?? 60_000);
     this.#claimCacheSize = nonNegative("claimCacheSize", options.claimCacheSize ?? 10_000);
-    this.#markerCopies = options.markerCopies ?? false;
-    if (typeof this.#markerCopies !== "boolean") {
+    const copies = options.markerCopies ?? "same-flush";
+    if (typeof copies !== "boolean" && copies !== "same-flush") {
       throw new OutboxValidationError(
         "markerCopies",
-        `markerCopies must be a boolean, got ${String(options.markerCopies)}`,
+        `markerCopies must be true, false or "same-flush", got ${String(options.markerCopies)}`,
       );
     }
+    this.#markerCopies = copies === true;
+    this.#sameFlushCopies = copies === "same-flush";
     this.#index = new ActiveIndex(kv, nonNegative("syncTimeoutMs", options.syncTimeoutMs ?? 5_000));
   }
 
@@ -479,9 +498,13 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
             })
           ),
         );
-        const due: Array<
-          { entry: ActiveEntry; record: StoredOutboxRecord; revision: number; copied?: true }
-        > = [];
+        const due: Array<{
+          entry: ActiveEntry;
+          record: StoredOutboxRecord;
+          revision: number;
+          copied?: true;
+          guessed?: true;
+        }> = [];
         read.forEach((outcome, i) => {
           const entry = candidates[i];
           if (typeof outcome === "string") {
@@ -518,6 +541,7 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         );
         let gained = 0;
         won.forEach((result, i) => {
+          if (due[i].guessed && result !== undefined) this.#guessed(result !== "stale");
           if (result === "stale") {
             // The record changed since its marker's copy: a next round reads it.
             this.#index.dropCopy(due[i].entry.markerKey);
@@ -1246,18 +1270,49 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     // No await before the writes (the caller's issue order).
     // Record and marker are written together (one round trip). The marker's revision is the
     // message's enqueue order. A marker whose record write failed is an orphan that claims
-    // delete after `orphanGraceMs`.
-    const marker = enqueueMarker(record);
-    const [created, indexed] = await Promise.allSettled([
-      this.#requests.create(key, bytes),
-      this.#requests.create(markerKey, encodeJson(marker)),
-    ]);
+    // delete after `orphanGraceMs`. A marker with a same-flush copy (`Marker.n`) is sent just
+    // before its record: claims take the record's revision to be the marker's plus one.
+    const plain = enqueueMarker(record);
+    const marker = this.#sameFlushCopies && record.orderingKey === undefined
+      ? this.#withSameFlushCopy(plain, stored, bytes.length)
+      : plain;
+    let created: Promise<number>;
+    let indexed: Promise<number>;
+    if (marker.n) {
+      indexed = this.#requests.create(markerKey, encodeJson(marker));
+      created = this.#requests.create(key, bytes);
+    } else {
+      created = this.#requests.create(key, bytes);
+      indexed = this.#requests.create(markerKey, encodeJson(marker));
+    }
+    return await this.#storedTogether(
+      record,
+      { stored, codec, key, markerKey, plain },
+      await Promise.allSettled([created, indexed]),
+      contextHeaders,
+    );
+  }
+
+  /** `#storeTogether` once both writes are answered. */
+  async #storedTogether(
+    record: OutboxRecord,
+    { stored, codec, key, markerKey, plain }: {
+      stored: StoredOutboxRecord;
+      codec: RecordCodec;
+      key: string;
+      markerKey: string;
+      plain: Marker;
+    },
+    [created, indexed]: PromiseSettledResult<number>[],
+    contextHeaders?: Iterable<string>,
+  ): Promise<Stored> {
     if (created.status === "fulfilled") {
       if (indexed.status === "rejected" && !isWrongLastSequence(indexed.reason)) {
         // The record is stored but not indexed yet: without its marker no claim would find
-        // it. Try again a few times; if the bucket still refuses, the error reaches the
-        // caller, whose retried enqueue (same id) or repair() re-creates the marker.
-        await this.#indexAgain(markerKey, marker);
+        // it. Try again a few times (without a copy: the retry is not in the record's flush,
+        // and its size may be what was refused); if the bucket still refuses, the error
+        // reaches the caller, whose retried enqueue (same id) or repair() re-creates the marker.
+        await this.#indexAgain(markerKey, plain);
       }
       const message = toMessage(stored);
       return indexed.status === "fulfilled"
@@ -1388,6 +1443,19 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     return encodeJson(copied).length + writeHeadersBytes <= limit.bytes ? copied : marker;
   }
 
+  /**
+   * `marker` (an enqueue's, sent in the same flush just before its record) carrying a copy of
+   * `record` and `n` (see `Marker.n`) when the record is small and the marker fits the bucket's
+   * known entry limit; else `marker` as is.
+   */
+  #withSameFlushCopy(marker: Marker, record: StoredOutboxRecord, bytes: number): Marker {
+    // Only once the bucket's own limit has been read (an enqueue or a claim reads it).
+    const limit = this.#bucketMaxValue === undefined ? undefined : this.#entryLimit();
+    if (bytes > maxCopyRecordBytes || limit === undefined) return marker;
+    const copied: Marker = { ...marker, r: record, n: true };
+    return encodeJson(copied).length + writeHeadersBytes <= limit.bytes ? copied : marker;
+  }
+
   /** Writes a missing marker, retrying with a short backoff (three more attempts). */
   async #indexAgain(markerKey: string, marker: Marker): Promise<void> {
     for (const delayMs of [0, 50, 250, 1_000]) {
@@ -1444,15 +1512,42 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   #copied(
     entry: ActiveEntry,
     codec: RecordCodec,
-  ): Promise<{ record: StoredOutboxRecord; revision: number; copied: true }> | undefined {
+  ):
+    | Promise<
+      { record: StoredOutboxRecord; revision: number; copied: true; guessed?: true }
+    >
+    | undefined {
     const copy = this.#index.copyOf(entry);
     if (copy === undefined) return undefined;
+    if (copy.guessed && this.#guessPause > 0) {
+      this.#guessPause -= 1;
+      return undefined;
+    }
     const decoded = codec.checkRecord(copy.record, entry.id);
     if (!decoded.ok || decoded.record.state === "dispatched" || decoded.record.state === "dead") {
       this.#index.dropCopy(entry.markerKey);
       return undefined;
     }
-    return Promise.resolve({ record: decoded.record, revision: copy.revision, copied: true });
+    return Promise.resolve(
+      copy.guessed
+        ? { record: decoded.record, revision: copy.revision, copied: true, guessed: true }
+        : { record: decoded.record, revision: copy.revision, copied: true },
+    );
+  }
+
+  /**
+   * Counts a claim's compare-and-set from a same-flush copy (`Marker.n`); after a round of
+   * `guessRound` of them in which most failed (producers whose writes interleave), the next
+   * `guessPauseCandidates` candidates with such a copy are read instead: a failed guess costs a
+   * request more than a read.
+   */
+  #guessed(hit: boolean): void {
+    this.#guesses += 1;
+    if (!hit) this.#guessesMissed += 1;
+    if (this.#guesses < guessRound) return;
+    if (this.#guessesMissed * 2 > this.#guesses) this.#guessPause = guessPauseCandidates;
+    this.#guesses = 0;
+    this.#guessesMissed = 0;
   }
 
   /**
@@ -2217,6 +2312,11 @@ interface Quiet {
   /** When (this process's clock, epoch ms). */
   atMs: number;
 }
+
+/** Claims from same-flush copies counted per round (`#guessed`). */
+const guessRound = 64;
+/** Candidates whose same-flush copy is read instead, after a round of mostly failed guesses. */
+const guessPauseCandidates = 4_096;
 
 /**
  * Largest record (encoded) a marker carries a copy of (`Marker.r`): a larger one is read by its
