@@ -1,8 +1,8 @@
 /**
  * A marker's copy of its record (`Marker.r`, at the record revision `rev` names), written by
  * repositories with `markerCopies` on: the first claim of a message compares-and-sets the record
- * without reading it. With `"same-flush"` (the default) enqueue writes marker and record together,
- * the marker first with a copy but no revision (nats_kv_same_flush_copy_test.ts); with `false` no
+ * without reading it. With `"deferred"` (the default) enqueue writes record and marker together
+ * and then rewrites the marker with the copy (nats_kv_deferred_copy_test.ts); with `false` no
  * marker carries a copy; repositories with different settings share a bucket. Every way the copy can be stale
  * or unusable ends in the usual read: another claimer took the record, a settle whose marker
  * delete has not reached this index, a marker written by the previous version (no copy), a
@@ -312,8 +312,8 @@ async function markerFields(kv: KV, id: string): Promise<string[]> {
   return Object.keys(await markerOf(kv, id) ?? {}).sort();
 }
 
-Deno.test("nats kv marker copy: by default enqueue sends marker (with a same-flush copy) and record together; false: no copy; true: record first", async () => {
-  for (const markerCopies of [undefined, "same-flush" as const, false, true]) {
+Deno.test("nats kv marker copy: by default enqueue sends record and marker together, then the marker's copy; false: no copy; true: record first", async () => {
+  for (const markerCopies of [undefined, "deferred" as const, false, true]) {
     await using fixture = await openKvFixture();
     const message = fresh();
     const recordKey = await outboxRecordKey(message.id);
@@ -339,15 +339,27 @@ Deno.test("nats kv marker copy: by default enqueue sends marker (with a same-flu
       assert.deepEqual(events.slice(0, 2), ["send record", "send marker"], `${markerCopies}`);
       assert.deepEqual(marker, { v: 1, id: message.id }, "as before copies");
     } else {
-      assert.deepEqual(events.slice(0, 2), ["send marker", "send record"], `${markerCopies}`);
+      assert.deepEqual(events.slice(0, 2), ["send record", "send marker"], `${markerCopies}`);
+      // Then the marker is rewritten with the copy, keeping its first revision as its order.
       const record = await entryOf(fixture.kv, recordKey);
+      let entry = await entryOf(fixture.kv, markerKey);
+      for (let i = 0; i < 100 && entry?.json<{ r?: unknown }>().r === undefined; i++) {
+        await new Promise((resolve) => setTimeout(resolve, 10));
+        entry = await entryOf(fixture.kv, markerKey);
+      }
       assert.deepEqual(
-        marker,
-        { v: 1, id: message.id, r: record?.json(), n: true },
-        "a copy of the record, no revision",
+        entry?.json(),
+        {
+          v: 1,
+          id: message.id,
+          rev: record?.revision,
+          seq: record!.revision + 1,
+          r: record?.json(),
+        },
+        "the copy, the record's revision, the first marker's revision as order",
       );
     }
-    // Failed marks and requeues: a copy only with `true` (same-flush copies are enqueue's).
+    // Failed marks and requeues: a copy only with `true` (deferred copies are enqueue's).
     const [claimed] = await producer.claimDue(10, new Date());
     const t0 = new Date();
     assert.equal(
@@ -422,7 +434,7 @@ Deno.test("nats kv marker copy: a producer with copies and a relay without (and 
   assert.equal((await withCopies.get(byPlain.id))?.state, "dispatched");
 });
 
-Deno.test('nats kv marker copy: markerCopies must be true, false or "same-flush"', async () => {
+Deno.test('nats kv marker copy: markerCopies must be true, false or "deferred"', async () => {
   await using fixture = await openKvFixture();
   assert.throws(
     () => fixture.outbox({ markerCopies: "yes" as unknown as boolean }),

@@ -56,8 +56,6 @@ export interface RecordCopy {
   revision: number;
   record: unknown;
   bytes: number;
-  /** The revision is inferred from the marker's own (`Marker.n`), not named by it. */
-  guessed?: true;
 }
 
 /**
@@ -332,26 +330,12 @@ export class ActiveIndex {
     entry.copy = undefined;
   }
 
-  /**
-   * The copy a marker (stored at `markerRevision`) carries, if it has one and the budget has room
-   * for it: of the record revision the marker names (`Marker.rev`), or for a marker written in the
-   * same flush as its record, just before it (`Marker.n`), of the revision just after the
-   * marker's own. That one is a guess: another write may have come in between, and then the
-   * claim's compare-and-set fails and the claim reads the record (see `Marker.n`).
-   */
-  #copyIn(
-    marker: Marker | undefined,
-    bytes: number,
-    markerRevision: number,
-  ): RecordCopy | undefined {
-    if (marker?.r === undefined) return undefined;
-    const revision = marker.rev ?? (marker.n === true ? markerRevision + 1 : undefined);
-    if (revision === undefined || revision < 1) return undefined;
+  /** The copy a marker carries, if it has one and the budget has room for it. */
+  #copyIn(marker: Marker | undefined, bytes: number): RecordCopy | undefined {
+    if (marker?.r === undefined || marker.rev === undefined) return undefined;
     if (this.#copyBytes + bytes > maxCopyBytes) return undefined;
     this.#copyBytes += bytes;
-    return marker.rev === undefined
-      ? { revision, record: marker.r, bytes, guessed: true }
-      : { revision, record: marker.r, bytes };
+    return { revision: marker.rev, record: marker.r, bytes };
   }
 
   /**
@@ -604,7 +588,7 @@ export class ActiveIndex {
       known.markerWrittenMs = watched.created.getTime();
       // A rewritten marker replaces the copy (a newer one, or none).
       this.#dropCopy(known);
-      const copy = this.#copyIn(marker, watched.value.length, watched.revision);
+      const copy = this.#copyIn(marker, watched.value.length);
       const order = marker?.seq ?? known.order;
       if (order !== known.order || marker?.key !== known.key) {
         this.#remove(known);
@@ -622,7 +606,7 @@ export class ActiveIndex {
         dueMs,
         hintRevision: marker?.rev ?? 0,
         key: marker?.key,
-        copy: this.#copyIn(marker, watched.value.length, watched.revision),
+        copy: this.#copyIn(marker, watched.value.length),
         removed: false,
       });
     }

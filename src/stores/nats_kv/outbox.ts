@@ -11,10 +11,11 @@
  *   written after its record (a failed mark, requeue, repair) names the record revision; with
  *   `markerCopies: true` (then also enqueue's, written after the record) it carries, for a
  *   small record, a copy of it (`Marker.r`): a claim compares-and-sets the record from the copy
- *   without reading it, and reads it only when that fails. By default (`"same-flush"`) an
- *   enqueue's marker of an unkeyed record goes just before the record, in the same flush, with
- *   a copy but no revision (`Marker.n`): claims take the marker's revision plus one. Claims use
- *   copies whichever repository wrote them.
+ *   without reading it, and reads it only when that fails. By default (`"deferred"`) an
+ *   enqueue writes record and marker together and then, once both are acknowledged, rewrites
+ *   the marker of an unkeyed record with the copy and the revision it now knows (a
+ *   compare-and-set on the marker, keeping its enqueue order). Claims use copies whichever
+ *   repository wrote them.
  * - `q._k.<token>`: the entry of an ordering key: its head (the only message of the key a claim
  *   may take) and its last stream sequence. Written only by compare-and-set: a keyed enqueue
  *   joins its key after its marker is written (creating the head, or rewriting the entry so a
@@ -149,38 +150,38 @@ export interface NatsKvOutboxOptions {
    */
   claimCacheSize?: number;
   /**
-   * Whether markers carry a copy of their record (records up to 8 KiB), so the first claim of a
-   * message compares-and-sets the record without reading it first: one JetStream request less
-   * per relayed message (bench/README.md: 0.45x against 0.34x a raw `js.publish` loop, about a
-   * quarter less CPU per message in the relay and in nats-server).
+   * Whether markers carry a copy of their record (records up to 8 KiB) and the record revision
+   * it is, so the first claim of a message compares-and-sets the record without reading it first:
+   * one JetStream request less per relayed message (bench/README.md: the relay at 0.45x against
+   * 0.34x a raw `js.publish` loop, about a quarter less CPU per message in the relay and in
+   * nats-server).
    *
-   * - `"same-flush"` (the default): `enqueue` sends the marker of an unkeyed record just before
-   *   the record, in the same flush, with a copy of it but no revision (`Marker.n`); claims take
-   *   the record's revision to be the marker's plus one. That is right unless another writer's
-   *   message reached the bucket's stream between the two (another producer enqueueing at the
-   *   same moment); then the claim's compare-and-set fails and it reads the record, one request
-   *   more than a marker without a copy costs. A repository whose guesses mostly fail stops
-   *   making them for a while. Failed marks, requeues, `repair()` and keyed records write
+   * - `"deferred"` (the default): `enqueue` writes record and marker together (one round trip, as
+   *   without copies) and returns; then, once both writes are acknowledged, it rewrites the
+   *   marker of an unkeyed record with the copy and the record's revision, by compare-and-set on
+   *   the marker (so nothing is written when a claim, a mark or a requeue changed it meanwhile),
+   *   keeping the message's enqueue order. One more write per message for the producer and the
+   *   server; a claim that comes before the rewrite reads the record. {@linkcode close} waits for
+   *   the rewrites still in flight. Failed marks, requeues, `repair()` and keyed records write
    *   markers without a copy.
    * - `true`: the markers this repository writes (`enqueue`, a failed mark, `requeue`,
-   *   `repair()`) carry a copy and the record revision it is, and claims never guess. The price:
-   *   `enqueue` must know the record's revision before it writes the marker, so it writes the
-   *   record, waits for its acknowledgement, then writes the marker (one more round trip), and a
-   *   process that stops between the two writes leaves an active record without a marker,
-   *   unclaimable until a retried `enqueue` of the same id, a `requeue` of it or `repair()`
-   *   indexes it again (otherwise that takes a crash during the one flush).
+   *   `repair()`) carry a copy. The price: `enqueue` must know the record's revision before it
+   *   writes the marker, so it writes the record, waits for its acknowledgement, then writes the
+   *   marker (one more round trip before `enqueue` returns), and a process that stops between the
+   *   two writes leaves an active record without a marker, unclaimable until a retried `enqueue`
+   *   of the same id, a `requeue` of it or `repair()` indexes it again (otherwise that takes a
+   *   crash during the one flush).
    * - `false`: markers carry no copy, and every claim reads its record.
    *
    * Markers with a copy are about the record's size larger, and the watch delivers them to every
-   * claimer; each repository's index keeps at most 32 MiB of copies (beyond that, markers are
-   * indexed without theirs and their records are read). Claims use the copies they find whatever
-   * this option says: repositories with different settings, and versions before same-flush
-   * copies (which ignore a copy without a revision), can share a bucket (a copy is only a guess,
-   * checked by the claim's compare-and-set).
+   * claimer (with `"deferred"` each marker twice); each repository's index keeps at most 32 MiB of
+   * copies (beyond that, markers are indexed without theirs and their records are read). Claims
+   * use the copies they find whatever this option says: repositories with different settings can
+   * share a bucket (a copy is only a guess, checked by the claim's compare-and-set).
    *
-   * @default {"same-flush"}
+   * @default {"deferred"}
    */
-  markerCopies?: boolean | "same-flush";
+  markerCopies?: boolean | "deferred";
 }
 
 /**
@@ -325,13 +326,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   readonly #claimCacheSize: number;
   /** `NatsKvOutboxOptions.markerCopies` is `true`. */
   readonly #markerCopies: boolean;
-  /** `NatsKvOutboxOptions.markerCopies` is `"same-flush"`. */
-  readonly #sameFlushCopies: boolean;
-  /** Claims from same-flush copies (`Marker.n`) in the current round of `guessRound`, and how many failed. */
-  #guesses = 0;
-  #guessesMissed = 0;
-  /** Candidates whose same-flush copy is ignored (read instead) after a round of mostly misses. */
-  #guessPause = 0;
+  /** `NatsKvOutboxOptions.markerCopies` is `"deferred"`. */
+  readonly #deferredCopies: boolean;
+  /** Deferred copies being written (`#copyLater`), which `close()` waits for. */
+  readonly #copying = new Set<Promise<void>>();
   readonly #claims = new Map<string, Cached>();
   readonly #inFlight = new Set<string>();
   /**
@@ -355,15 +353,15 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     this.#requests = new KvRequests(kv);
     this.#orphanGraceMs = nonNegative("orphanGraceMs", options.orphanGraceMs ?? 60_000);
     this.#claimCacheSize = nonNegative("claimCacheSize", options.claimCacheSize ?? 10_000);
-    const copies = options.markerCopies ?? "same-flush";
-    if (typeof copies !== "boolean" && copies !== "same-flush") {
+    const copies = options.markerCopies ?? "deferred";
+    if (typeof copies !== "boolean" && copies !== "deferred") {
       throw new OutboxValidationError(
         "markerCopies",
-        `markerCopies must be true, false or "same-flush", got ${String(options.markerCopies)}`,
+        `markerCopies must be true, false or "deferred", got ${String(options.markerCopies)}`,
       );
     }
     this.#markerCopies = copies === true;
-    this.#sameFlushCopies = copies === "same-flush";
+    this.#deferredCopies = copies === "deferred";
     this.#index = new ActiveIndex(kv, nonNegative("syncTimeoutMs", options.syncTimeoutMs ?? 5_000));
   }
 
@@ -501,13 +499,9 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
             })
           ),
         );
-        const due: Array<{
-          entry: ActiveEntry;
-          record: StoredOutboxRecord;
-          revision: number;
-          copied?: true;
-          guessed?: true;
-        }> = [];
+        const due: Array<
+          { entry: ActiveEntry; record: StoredOutboxRecord; revision: number; copied?: true }
+        > = [];
         read.forEach((outcome, i) => {
           const entry = candidates[i];
           if (typeof outcome === "string") {
@@ -544,7 +538,6 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
         );
         let gained = 0;
         won.forEach((result, i) => {
-          if (due[i].guessed && result !== undefined) this.#guessed(result !== "stale");
           if (result === "stale") {
             // The record changed since its marker's copy: a next round reads it.
             this.#index.dropCopy(due[i].entry.markerKey);
@@ -1157,10 +1150,12 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /**
-   * Stops the watch this repository keeps on the bucket (claims and `watch` start it). Call it
-   * before closing the NATS connection.
+   * Waits for the deferred marker copies still being written (see
+   * `NatsKvOutboxOptions.markerCopies`) and stops the watch this repository keeps on the bucket
+   * (claims and `watch` start it). Call it before closing the NATS connection.
    */
   async close(): Promise<void> {
+    while (this.#copying.size > 0) await Promise.all(this.#copying);
     await this.#index.close();
   }
 
@@ -1273,54 +1268,25 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
     // No await before the writes (the caller's issue order).
     // Record and marker are written together (one round trip). The marker's revision is the
     // message's enqueue order. A marker whose record write failed is an orphan that claims
-    // delete after `orphanGraceMs`. A marker with a same-flush copy (`Marker.n`) is sent just
-    // before its record: claims take the record's revision to be the marker's plus one.
-    const plain = enqueueMarker(record);
-    const marker = this.#sameFlushCopies && record.orderingKey === undefined
-      ? this.#withSameFlushCopy(plain, stored, bytes.length)
-      : plain;
-    let created: Promise<number>;
-    let indexed: Promise<number>;
-    if (marker.n) {
-      indexed = this.#requests.create(markerKey, encodeJson(marker));
-      created = this.#requests.create(key, bytes);
-    } else {
-      created = this.#requests.create(key, bytes);
-      indexed = this.#requests.create(markerKey, encodeJson(marker));
-    }
-    return await this.#storedTogether(
-      record,
-      { stored, codec, key, markerKey, plain },
-      await Promise.allSettled([created, indexed]),
-      contextHeaders,
-    );
-  }
-
-  /** `#storeTogether` once both writes are answered. */
-  async #storedTogether(
-    record: OutboxRecord,
-    { stored, codec, key, markerKey, plain }: {
-      stored: StoredOutboxRecord;
-      codec: RecordCodec;
-      key: string;
-      markerKey: string;
-      plain: Marker;
-    },
-    [created, indexed]: PromiseSettledResult<number>[],
-    contextHeaders?: Iterable<string>,
-  ): Promise<Stored> {
+    // delete after `orphanGraceMs`.
+    const marker = enqueueMarker(record);
+    const [created, indexed] = await Promise.allSettled([
+      this.#requests.create(key, bytes),
+      this.#requests.create(markerKey, encodeJson(marker)),
+    ]);
     if (created.status === "fulfilled") {
       if (indexed.status === "rejected" && !isWrongLastSequence(indexed.reason)) {
         // The record is stored but not indexed yet: without its marker no claim would find
-        // it. Try again a few times (without a copy: the retry is not in the record's flush,
-        // and its size may be what was refused); if the bucket still refuses, the error
-        // reaches the caller, whose retried enqueue (same id) or repair() re-creates the marker.
-        await this.#indexAgain(markerKey, plain);
+        // it. Try again a few times; if the bucket still refuses, the error reaches the
+        // caller, whose retried enqueue (same id) or repair() re-creates the marker.
+        await this.#indexAgain(markerKey, marker);
       }
       const message = toMessage(stored);
-      return indexed.status === "fulfilled"
-        ? { message, markerRevision: indexed.value }
-        : { message };
+      if (indexed.status !== "fulfilled") return { message };
+      if (this.#deferredCopies && record.orderingKey === undefined) {
+        this.#copyLater(markerKey, stored, bytes.length, created.value, indexed.value);
+      }
+      return { message, markerRevision: indexed.value };
     }
     if (!isWrongLastSequence(created.reason)) {
       const refused = errorNamed(created.reason, "InvalidArgumentError");
@@ -1435,8 +1401,8 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
    * size) when the record is small and the marker fits the bucket's known entry limit; else
    * `marker` as is (claims then read the record).
    */
-  #withCopy(marker: Marker, record: StoredOutboxRecord, bytes: number): Marker {
-    if (!this.#markerCopies) return marker;
+  #withCopy(marker: Marker, record: StoredOutboxRecord, bytes: number, deferred = false): Marker {
+    if (!this.#markerCopies && !deferred) return marker;
     // Only once the bucket's own limit has been read (an enqueue or a claim reads it).
     const limit = this.#bucketMaxValue === undefined ? undefined : this.#entryLimit();
     if (marker.rev === undefined || bytes > maxCopyRecordBytes || limit === undefined) {
@@ -1447,16 +1413,33 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   }
 
   /**
-   * `marker` (an enqueue's, sent in the same flush just before its record) carrying a copy of
-   * `record` and `n` (see `Marker.n`) when the record is small and the marker fits the bucket's
-   * known entry limit; else `marker` as is.
+   * A deferred copy (`markerCopies: "deferred"`): rewrites the marker this enqueue wrote (at
+   * `markerRevision`) with a copy of the record it wrote (`record`, `bytes` long, at
+   * `recordRevision`), by compare-and-set on the marker: when anything rewrote or deleted the
+   * marker since (a failed mark, a requeue, a settle), nothing is written. The marker keeps its
+   * enqueue order (`seq`: its first revision). Never fails: a marker left without its copy only
+   * costs its claim a read. Tracked for `close()`.
    */
-  #withSameFlushCopy(marker: Marker, record: StoredOutboxRecord, bytes: number): Marker {
-    // Only once the bucket's own limit has been read (an enqueue or a claim reads it).
-    const limit = this.#bucketMaxValue === undefined ? undefined : this.#entryLimit();
-    if (bytes > maxCopyRecordBytes || limit === undefined) return marker;
-    const copied: Marker = { ...marker, r: record, n: true };
-    return encodeJson(copied).length + writeHeadersBytes <= limit.bytes ? copied : marker;
+  #copyLater(
+    markerKey: string,
+    record: StoredOutboxRecord,
+    bytes: number,
+    recordRevision: number,
+    markerRevision: number,
+  ): void {
+    const marker = this.#withCopy(
+      markerOf(record, { rev: recordRevision, seq: markerRevision }),
+      record,
+      bytes,
+      true,
+    );
+    if (marker.r === undefined) return;
+    const writing = this.#requests.update(markerKey, encodeJson(marker), markerRevision).then(
+      () => {},
+      () => {},
+    );
+    this.#copying.add(writing);
+    void writing.then(() => this.#copying.delete(writing));
   }
 
   /** Writes a missing marker, retrying with a short backoff (three more attempts). */
@@ -1515,42 +1498,15 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   #copied(
     entry: ActiveEntry,
     codec: RecordCodec,
-  ):
-    | Promise<
-      { record: StoredOutboxRecord; revision: number; copied: true; guessed?: true }
-    >
-    | undefined {
+  ): Promise<{ record: StoredOutboxRecord; revision: number; copied: true }> | undefined {
     const copy = this.#index.copyOf(entry);
     if (copy === undefined) return undefined;
-    if (copy.guessed && this.#guessPause > 0) {
-      this.#guessPause -= 1;
-      return undefined;
-    }
     const decoded = codec.checkRecord(copy.record, entry.id);
     if (!decoded.ok || decoded.record.state === "dispatched" || decoded.record.state === "dead") {
       this.#index.dropCopy(entry.markerKey);
       return undefined;
     }
-    return Promise.resolve(
-      copy.guessed
-        ? { record: decoded.record, revision: copy.revision, copied: true, guessed: true }
-        : { record: decoded.record, revision: copy.revision, copied: true },
-    );
-  }
-
-  /**
-   * Counts a claim's compare-and-set from a same-flush copy (`Marker.n`); after a round of
-   * `guessRound` of them in which most failed (producers whose writes interleave), the next
-   * `guessPauseCandidates` candidates with such a copy are read instead: a failed guess costs a
-   * request more than a read.
-   */
-  #guessed(hit: boolean): void {
-    this.#guesses += 1;
-    if (!hit) this.#guessesMissed += 1;
-    if (this.#guesses < guessRound) return;
-    if (this.#guessesMissed * 2 > this.#guesses) this.#guessPause = guessPauseCandidates;
-    this.#guesses = 0;
-    this.#guessesMissed = 0;
+    return Promise.resolve({ record: decoded.record, revision: copy.revision, copied: true });
   }
 
   /**
@@ -2315,11 +2271,6 @@ interface Quiet {
   /** When (this process's clock, epoch ms). */
   atMs: number;
 }
-
-/** Claims from same-flush copies counted per round (`#guessed`). */
-const guessRound = 64;
-/** Candidates whose same-flush copy is read instead, after a round of mostly failed guesses. */
-const guessPauseCandidates = 4_096;
 
 /**
  * Largest record (encoded) a marker carries a copy of (`Marker.r`): a larger one is read by its

@@ -78,8 +78,6 @@ export const MarkerSchema = Type.Object({
   key: Type.Optional(Type.String({ minLength: 1 })),
   /** The record as stored at revision `rev` (checked with the record schema when used). */
   r: Type.Optional(Type.Unknown()),
-  /** Written in the same flush as its record, just before it: `r` is of the revision after the marker's. */
-  n: Type.Optional(Type.Literal(true)),
 });
 
 /** Schema of an ordering key's entry (`q._k.<token>`). */

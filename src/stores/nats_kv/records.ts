@@ -71,24 +71,12 @@ export interface Marker {
   /** The message's ordering key, so the index knows the key's messages without reading them. */
   key?: string;
   /**
-   * The record exactly as stored at revision `rev` (written with `rev` by a writer that wrote or
-   * read that revision, with `markerCopies: true`), or as the enqueue that wrote this marker
-   * writes it next, in the same flush (with `n`), so a claim can compare-and-set it without
-   * reading it first. A claim whose compare-and-set fails reads the record as usual.
+   * The record exactly as stored at revision `rev` (written only with `rev`, by a writer that
+   * wrote or read that revision, and only by a repository with `markerCopies` on), so a claim can
+   * compare-and-set it without reading it first. A claim whose compare-and-set fails reads the
+   * record as usual.
    */
   r?: StoredOutboxRecord;
-  /**
-   * Written by an enqueue in the same flush as its record, just before it, with a copy (`r`) and
-   * without `rev` (unknown when both leave): claims take the record's revision to be this
-   * marker's revision plus one. Right unless another write reached the bucket's stream between
-   * the two (another producer's); then the compare-and-set fails and the claim reads the record.
-   * The write just after the marker cannot be another version of the same record: the enqueue's
-   * record create fails when the id exists, and then nothing writes the record at that moment
-   * (a settled record is not written again; an active one is written only by a claim, a mark, a
-   * requeue or a repair, which find it through its marker, and an existing marker makes this
-   * marker's create fail). Versions before this field ignore it (they use no copy without `rev`).
-   */
-  n?: true;
 }
 
 /**
