@@ -364,9 +364,10 @@ async function main(): Promise<void> {
   /**
    * The NATS KV relay; `markerCopies: true`: producer and relay write markers with copies of
    * their records (`NatsKvOutboxOptions.markerCopies`), so claims read no record. Otherwise the
-   * producer has the library's default, whose markers carry same-flush copies; a `--baseline`
-   * checkout's twin gets markers without copies, as that library's default enqueue wrote them
-   * before same-flush copies (and as it still does if it is older).
+   * producer has the library's default (deferred copies: its markers get their copy after the
+   * enqueue; `close()` waits for them, before the clock starts); a `--baseline` checkout's twin
+   * gets markers without copies, as that library's default enqueue wrote them before deferred
+   * copies (and as it still does if it is older).
    */
   function kvScenario(id: string, label: string, markerCopies: boolean): Scenario {
     return {
