@@ -1152,7 +1152,9 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   /**
    * Waits for the deferred marker copies still being written (see
    * `NatsKvOutboxOptions.markerCopies`) and stops the watch this repository keeps on the bucket
-   * (claims and `watch` start it). Call it before closing the NATS connection.
+   * (claims and `watch` start it). Call it before closing the NATS connection, once your enqueues
+   * have returned: an `enqueue` still in flight starts its copy after `close()` looked, and if the
+   * connection closes first that copy is not written (harmless: the claim reads the record).
    */
   async close(): Promise<void> {
     while (this.#copying.size > 0) await Promise.all(this.#copying);
