@@ -377,7 +377,11 @@ async function main(): Promise<void> {
         const s = await stream();
         const bucket = uniqueName("outbox_bench_tp");
         const kv = await createOutboxBucket(new Kvm(nc), bucket);
-        const producerCopies = markerCopies ? true : root === baseline ? false : undefined;
+        const producerCopies = markerCopies
+          ? true
+          : baseline !== undefined && root === baseline
+          ? false
+          : undefined;
         const outbox = new NatsKvOutboxRepository(kv, { markerCopies: producerCopies });
         await enqueueAll(outbox, records(uniqueName("m"), s.prefix, count));
         await outbox.close();
