@@ -10,33 +10,16 @@
  */
 
 import assert from "node:assert/strict";
-import type { KV, KvEntry } from "@nats-io/kv";
+import type { KV } from "@nats-io/kv";
 import type { NatsKvOutboxOptions, OutboxRecord } from "../mod.ts";
-import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
+import { outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
 import { keyedRecord } from "./conformance/records.ts";
-import { countingKv, intercept, newCounts, openKvFixture } from "./nats_kv_fixture.ts";
+import { countingOutbox, entryOf, intercept, markerOf, openKvFixture } from "./nats_kv_fixture.ts";
 
 type Fixture = Awaited<ReturnType<typeof openKvFixture>>;
 
 const fresh = (overrides: Partial<OutboxRecord> = {}): OutboxRecord =>
   keyedRecord("dc", undefined, overrides);
-
-async function entryOf(kv: KV, key: string): Promise<KvEntry | null> {
-  const entry = await kv.get(key);
-  return entry?.operation === "PUT" ? entry : null;
-}
-
-async function markerOf(kv: KV, id: string): Promise<Record<string, unknown> | undefined> {
-  const entry = await entryOf(kv, markerKeyOf(await outboxRecordKey(id)));
-  return entry ? entry.json<Record<string, unknown>>() : undefined;
-}
-
-/** A relay on the peer connection counting its record reads and writes. */
-function countingRelay(fixture: Fixture, options: NatsKvOutboxOptions = {}) {
-  const counts = newCounts();
-  const outbox = fixture.outbox({ ...options, kv: countingKv(fixture.peerKv, counts) });
-  return { outbox, gets: () => counts.calls.get ?? 0, updates: () => counts.calls.update ?? 0 };
-}
 
 /** A producer (on `kv`) whose bucket limit is known (copies need it), with nothing to claim. */
 async function producerOf(fixture: Fixture, options: NatsKvOutboxOptions = {}) {
@@ -84,7 +67,7 @@ Deno.test("nats kv deferred copy: markers get their record's copy after the enqu
     assert.deepEqual(marker?.r, record?.json());
     assert.equal(typeof marker?.seq, "number", "the first marker's revision: its order");
   }
-  const relay = countingRelay(fixture);
+  const relay = countingOutbox(fixture);
   const claimed = await relay.outbox.claimDue(20, new Date());
   assert.deepEqual(claimed.map((m) => m.id), messages.map((m) => m.id), "enqueue order");
   assert.ok(claimed.every((m) => m.attempts === 1 && m.state === "claimed"));
@@ -127,7 +110,7 @@ Deno.test("nats kv deferred copy: a rewrite after a claim leaves a stale copy: a
   await producer.enqueue(message);
 
   // A first relay claims before the copy is written, and lets its lease run out.
-  const first = countingRelay(fixture);
+  const first = countingOutbox(fixture);
   const t0 = new Date();
   const [claimed] = await first.outbox.claimDue(10, t0, { leaseMs: 1_000 });
   assert.equal(claimed?.id, message.id);
@@ -139,7 +122,7 @@ Deno.test("nats kv deferred copy: a rewrite after a claim leaves a stale copy: a
   assert.equal((marker.r as { state: string }).state, "pending", "a copy older than the claim");
 
   // A relay that starts now holds only the stale copy: its compare-and-set fails, it reads.
-  const second = countingRelay(fixture);
+  const second = countingOutbox(fixture);
   const [again] = await second.outbox.claimDue(10, new Date(t0.getTime() + 2_000));
   assert.equal(again?.id, message.id);
   assert.equal(again.attempts, 2, "claimed on top of the first claim");
@@ -192,7 +175,7 @@ Deno.test("nats kv deferred copy: a duplicate enqueue of a settled id writes no 
     else await assert.rejects(enqueued, { name: "OutboxDuplicateIdentityError" });
     await producer.close();
     assert.equal(await markerOf(fixture.kv, message.id), undefined, "no marker left");
-    const relay = countingRelay(fixture);
+    const relay = countingOutbox(fixture);
     assert.deepEqual(await relay.outbox.claimDue(10, new Date()), []);
     assert.equal((await entryOf(fixture.kv, recordKey))?.revision, settled?.revision);
   }
@@ -211,7 +194,7 @@ Deno.test("nats kv deferred copy: none for a keyed record or with markerCopies f
   for (const id of [keyed.id, unkeyed.id]) {
     assert.equal((await markerOf(fixture.kv, id))?.r, undefined, id);
   }
-  const relay = countingRelay(fixture);
+  const relay = countingOutbox(fixture);
   const claimed = await relay.outbox.claimDue(10, new Date());
   assert.deepEqual(claimed.map((m) => m.id).sort(), [keyed.id, unkeyed.id].sort());
   assert.equal(relay.gets(), 2, "both records read");

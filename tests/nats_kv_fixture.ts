@@ -238,3 +238,28 @@ export async function dispatchBothAndRetire(
   const cutoff = new Date(Date.now() - 60_000);
   assert.equal((await dispatcher.prune({ dispatchedBefore: cutoff })).dispatched, 2);
 }
+
+/** The live entry of `key` (`null` when missing or deleted). */
+export async function entryOf(kv: KV, key: string): Promise<KvEntry | null> {
+  const entry = await kv.get(key);
+  return entry?.operation === "PUT" ? entry : null;
+}
+
+/** The marker of message `id`, parsed (`undefined` when it has none). */
+export async function markerOf(kv: KV, id: string): Promise<Record<string, unknown> | undefined> {
+  const entry = await entryOf(kv, markerKeyOf(await outboxRecordKey(id)));
+  return entry ? entry.json<Record<string, unknown>>() : undefined;
+}
+
+/**
+ * A repository on a counting view of the peer connection (a relay of its own); `gets()` and
+ * `updates()`: its record reads and compare-and-sets since creation.
+ */
+export function countingOutbox(
+  fixture: KvFixture,
+  options: NatsKvOutboxOptions = {},
+): { outbox: NatsKvOutboxRepository; gets: () => number; updates: () => number } {
+  const counts = newCounts();
+  const outbox = fixture.outbox({ ...options, kv: countingKv(fixture.peerKv, counts) });
+  return { outbox, gets: () => counts.calls.get ?? 0, updates: () => counts.calls.update ?? 0 };
+}

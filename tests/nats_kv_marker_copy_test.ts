@@ -11,38 +11,18 @@
  */
 
 import assert from "node:assert/strict";
-import type { KV, KvEntry } from "@nats-io/kv";
+import type { KV } from "@nats-io/kv";
 import { jetstreamManager } from "@nats-io/jetstream";
-import type { NatsKvOutboxOptions, OutboxMessage, OutboxRecord } from "../mod.ts";
+import type { OutboxMessage, OutboxRecord } from "../mod.ts";
 import { markerKeyOf, outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
 import { keyedRecord } from "./conformance/records.ts";
-import { countingKv, intercept, newCounts, openKvFixture } from "./nats_kv_fixture.ts";
+import { countingOutbox, entryOf, intercept, markerOf, openKvFixture } from "./nats_kv_fixture.ts";
 
 const fresh = (overrides: Partial<OutboxRecord> = {}): OutboxRecord =>
   keyedRecord("mc", undefined, overrides);
 
 function later(ms: number): Date {
   return new Date(Date.now() + ms);
-}
-
-async function entryOf(kv: KV, key: string): Promise<KvEntry | null> {
-  const entry = await kv.get(key);
-  return entry?.operation === "PUT" ? entry : null;
-}
-
-async function markerOf(kv: KV, id: string): Promise<Record<string, unknown> | undefined> {
-  const entry = await entryOf(kv, markerKeyOf(await outboxRecordKey(id)));
-  return entry ? entry.json<Record<string, unknown>>() : undefined;
-}
-
-/** Claims on a counting view of the peer connection; `gets()`: record reads since creation. */
-function countingOutbox(
-  fixture: Awaited<ReturnType<typeof openKvFixture>>,
-  options: NatsKvOutboxOptions = {},
-) {
-  const counts = newCounts();
-  const outbox = fixture.outbox({ ...options, kv: countingKv(fixture.peerKv, counts) });
-  return { outbox, gets: () => counts.calls.get ?? 0, updates: () => counts.calls.update ?? 0 };
 }
 
 Deno.test("nats kv marker copy: an enqueued message's marker carries its record, and its first claim reads none", async () => {
