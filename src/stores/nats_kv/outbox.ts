@@ -152,9 +152,9 @@ export interface NatsKvOutboxOptions {
   /**
    * Whether markers carry a copy of their record (records up to 8 KiB) and the record revision
    * it is, so the first claim of a message compares-and-sets the record without reading it first:
-   * one JetStream request less per relayed message (bench/README.md: the relay at 0.45x against
-   * 0.34x a raw `js.publish` loop, about a quarter less CPU per message in the relay and in
-   * nats-server).
+   * one JetStream request less per relayed message (bench/README.md: the relay at 0.44x against
+   * 0.35x a raw `js.publish` loop in a same-run A/B, about a fifth less CPU per message in the
+   * relay and in nats-server).
    *
    * - `"deferred"` (the default): `enqueue` writes record and marker together (one round trip, as
    *   without copies) and returns; then, once both writes are acknowledged, it rewrites the
