@@ -11,7 +11,7 @@
 
 import assert from "node:assert/strict";
 import type { KV } from "@nats-io/kv";
-import type { NatsKvOutboxOptions, OutboxRecord } from "../mod.ts";
+import type { OutboxRecord } from "../mod.ts";
 import { outboxRecordKey } from "../src/stores/nats_kv/keys.ts";
 import { keyedRecord } from "./conformance/records.ts";
 import { countingOutbox, entryOf, intercept, markerOf, openKvFixture } from "./nats_kv_fixture.ts";
@@ -22,7 +22,7 @@ const fresh = (overrides: Partial<OutboxRecord> = {}): OutboxRecord =>
   keyedRecord("dc", undefined, overrides);
 
 /** A producer (on `kv`) whose bucket limit is known (copies need it), with nothing to claim. */
-async function producerOf(fixture: Fixture, options: NatsKvOutboxOptions = {}) {
+async function producerOf(fixture: Fixture, options: Parameters<Fixture["outbox"]>[0] = {}) {
   const producer = fixture.outbox(options);
   const first = fresh();
   await producer.enqueue(first);
@@ -81,10 +81,8 @@ Deno.test("nats kv deferred copy: markers get their record's copy after the enqu
 
 Deno.test("nats kv deferred copy: enqueue does not wait for the rewrite, close() does", async () => {
   await using fixture = await openKvFixture();
-  await producerOf(fixture);
   const holding = holdingRewrites(fixture.kv);
-  const producer = fixture.outbox({ kv: holding.kv });
-  await producer.enqueue(fresh()); // reads the bucket's limit
+  const producer = await producerOf(fixture, { kv: holding.kv });
   const message = fresh();
   await producer.enqueue(message);
   assert.ok(holding.held() >= 1, "the rewrite is waiting");
@@ -100,12 +98,8 @@ Deno.test("nats kv deferred copy: enqueue does not wait for the rewrite, close()
 
 Deno.test("nats kv deferred copy: a rewrite after a claim leaves a stale copy: a failed compare-and-set and a read, then the record as it is", async () => {
   await using fixture = await openKvFixture();
-  await producerOf(fixture);
   const holding = holdingRewrites(fixture.kv);
-  const producer = fixture.outbox({ kv: holding.kv });
-  await producer.enqueue(fresh());
-  const [warm] = await producer.claimDue(1, new Date());
-  assert.equal(await producer.markDispatched(warm, new Date()), true);
+  const producer = await producerOf(fixture, { kv: holding.kv });
   const message = fresh();
   await producer.enqueue(message);
 
@@ -134,10 +128,8 @@ Deno.test("nats kv deferred copy: a rewrite after a claim leaves a stale copy: a
 
 Deno.test("nats kv deferred copy: a rewrite after the marker changed (settled, requeued) writes nothing", async () => {
   await using fixture = await openKvFixture();
-  await producerOf(fixture);
   const holding = holdingRewrites(fixture.kv);
-  const producer = fixture.outbox({ kv: holding.kv });
-  await producer.enqueue(fresh());
+  const producer = await producerOf(fixture, { kv: holding.kv });
   const settledOne = fresh();
   const deadOne = fresh();
   await producer.enqueue(settledOne);

@@ -1401,10 +1401,10 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
   /**
    * `marker` (with its `rev`) carrying a copy of `record` (`Marker.r`; `bytes`: its encoded
    * size) when the record is small and the marker fits the bucket's known entry limit; else
-   * `marker` as is (claims then read the record).
+   * `marker` as is (claims then read the record). Callers decide whether markers get copies
+   * (`#markerWithCopy`, `#storeThenMark`: `markerCopies: true`; `#copyLater`: `"deferred"`).
    */
-  #withCopy(marker: Marker, record: StoredOutboxRecord, bytes: number, deferred = false): Marker {
-    if (!this.#markerCopies && !deferred) return marker;
+  #withCopy(marker: Marker, record: StoredOutboxRecord, bytes: number): Marker {
     // Only once the bucket's own limit has been read (an enqueue or a claim reads it).
     const limit = this.#bucketMaxValue === undefined ? undefined : this.#entryLimit();
     if (marker.rev === undefined || bytes > maxCopyRecordBytes || limit === undefined) {
@@ -1433,7 +1433,6 @@ export class NatsKvOutboxRepository implements OutboxRepository, OutboxAdmin {
       markerOf(record, { rev: recordRevision, seq: markerRevision }),
       record,
       bytes,
-      true,
     );
     if (marker.r === undefined) return;
     const writing = this.#requests.update(markerKey, encodeJson(marker), markerRevision).then(
