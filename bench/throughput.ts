@@ -16,7 +16,10 @@
  * `--no-async-traces` (nats.js connections with `noAsyncTraces: true`), `--publisher=pipeline|
  * js.publish` (the runtime's publisher in the dispatcher scenarios), `--limit` and
  * `--max-in-flight` (dispatcher options), `--pg-connections=1` (the Postgres relay's pool size, 1
- * as docs/sql.md advises; a baseline checkout older than this option keeps its 4). BENCH_CHILD_FLAGS passes `deno run` flags to every
+ * as docs/sql.md advises; a baseline checkout older than this option keeps its 4), `--twin-limit=N`
+ * (every dispatcher scenario also runs with `limit` N, see `twinLimit`), `--timeline` (each
+ * dispatcher scenario also prints its claim and mark latencies and how full its in-flight window
+ * was, see ./support/timeline.ts). BENCH_CHILD_FLAGS passes `deno run` flags to every
  * scenario process (for example `--cpu-prof --cpu-prof-dir=.tmp/prof`).
  *
  * R3 vs R1: when a `-r1`/`-r3` scenario is wanted, a private 3-node JetStream cluster
@@ -55,6 +58,7 @@ import { NatsCluster, uniqueName } from "../tests/kit/mod.ts";
 import { createBenchDatabase } from "./support/postgres.ts";
 import { postgresCpu } from "./support/postgres_cpu.ts";
 import type { PoolPlans, SizeSummary } from "./support/batch_sizes.ts";
+import type { TimelineSummary } from "./support/timeline.ts";
 import { records } from "./support/records.ts";
 import { benchServers } from "./support/servers.ts";
 import { referenceSchema, referenceSeed } from "./support/reference.ts";
@@ -85,6 +89,8 @@ const { values: args } = parseArgs({
     "max-in-flight": { type: "string" },
     "pg-connections": { type: "string" },
     baseline: { type: "string" },
+    "twin-limit": { type: "string" },
+    timeline: { type: "boolean", default: false },
   },
 });
 const count = Number(args.count);
@@ -107,6 +113,8 @@ const dispatcherOptions = {
    * for a relay's own instance. Passed explicitly, so a `--baseline` checkout gets it too.
    */
   postgresConnections: args["pg-connections"] === undefined ? 1 : Number(args["pg-connections"]),
+  /** `--timeline`: claim and mark latencies and window use (./support/timeline.ts). */
+  timeline: args.timeline,
 };
 const only = args.only ? new Set(args.only.split(",")) : undefined;
 /**
@@ -117,6 +125,15 @@ const only = args.only ? new Set(args.only.split(",")) : undefined;
  * side runs on the tables its own deployment would have.
  */
 const baseline = args.baseline === undefined ? undefined : Deno.realPathSync(args.baseline);
+/**
+ * `--twin-limit=N`: every selected dispatcher scenario (those `--baseline` twins) also runs with
+ * the dispatcher's `limit` set to N (id `<id>@L<N>`), right after it in each round, so two claim
+ * sizes with the same in-flight window are compared in one run.
+ */
+const twinLimit = args["twin-limit"] === undefined ? undefined : Number(args["twin-limit"]);
+if (twinLimit !== undefined && !(Number.isInteger(twinLimit) && twinLimit > 0)) {
+  throw new Error(`--twin-limit must be a positive integer, got ${args["twin-limit"]}`);
+}
 const schemaVersions = new Map<string, Promise<number>>();
 /**
  * The SQL schema version the library at `root` migrates to (its number of artifacts), asked in a
@@ -169,6 +186,8 @@ interface Scenario {
   label: string;
   /** The checkout whose scenario scripts run (`--baseline`); this one when not given. */
   root?: string;
+  /** The dispatcher's `limit` for this scenario alone (a `--twin-limit` twin). */
+  limit?: number;
   /**
    * Prepares the store and stream, returns the subprocess file and config, and a check; a SQL
    * store at the schema version `root`'s library migrates to.
@@ -708,7 +727,10 @@ async function main(): Promise<void> {
     const onNats = (prepared.config as { natsUrl?: string }).natsUrl === nats;
     const natsCpu = onNats ? natsCpuSeconds() : undefined;
     try {
-      result = await runChild(prepared.file, prepared.config, scenario.root);
+      const config = scenario.limit === undefined
+        ? prepared.config
+        : { ...(prepared.config as object), limit: scenario.limit };
+      result = await runChild(prepared.file, config, scenario.root);
     } catch (error) {
       await prepared.finish().catch(() => {});
       throw error;
@@ -787,6 +809,20 @@ async function main(): Promise<void> {
       `${s.calls} calls, ${s.total} total, min ${s.min} p50 ${s.p50} max ${s.max} (size:count ${s.common})`;
     if (r.claimSizes) lines.push(`claimDue sizes: ${sizes(r.claimSizes as SizeSummary)}`);
     if (r.markSizes) lines.push(`markMany sizes: ${sizes(r.markSizes as SizeSummary)}`);
+    const timeline = r.timeline as TimelineSummary | undefined;
+    if (timeline) {
+      const ms = (n: number) => n.toFixed(1);
+      const pct = (n: number) => `${(100 * n).toFixed(0)}%`;
+      lines.push(
+        `timeline: claimDue p50 ${ms(timeline.claimP50Ms)} / p90 ${
+          ms(timeline.claimP90Ms)
+        } ms, markMany p50 ${ms(timeline.markP50Ms)} / p90 ${
+          ms(timeline.markP90Ms)
+        } ms; in flight ${timeline.meanInFlight.toFixed(0)} on average, below half the window ${
+          pct(timeline.belowHalf)
+        } of the time, empty ${pct(timeline.empty)}`,
+      );
+    }
     const pool = r.plans as PoolPlans | undefined;
     const plans = pool?.statements;
     if (pool?.backendCpuSeconds !== undefined) {
@@ -926,6 +962,15 @@ async function main(): Promise<void> {
     const selected = scenarios.filter((s) => wanted(s.id)).flatMap((s) =>
       baseline !== undefined && baselineIds.has(s.id)
         ? [s, { ...s, id: `${s.id}@base`, label: `${s.label} [baseline]`, root: baseline }]
+        : [s]
+    ).flatMap((s) =>
+      twinLimit !== undefined && baselineIds.has(s.id.replace(/@base$/, ""))
+        ? [s, {
+          ...s,
+          id: `${s.id}@L${twinLimit}`,
+          label: `${s.label} [limit ${twinLimit}]`,
+          limit: twinLimit,
+        }]
         : [s]
     );
     for (let round = 1; round <= rounds && selected.length > 0; round++) {

@@ -16,6 +16,7 @@ import postgres from "postgres";
 import {
   createJetStreamRuntime,
   createOutboxBucket,
+  defaultMaxInFlight,
   MemoryOutboxRepository,
   NatsKvOutboxRepository,
   nodeSqliteExecutor,
@@ -34,6 +35,7 @@ import { currentRss } from "../support/rss.ts";
 import { openSqliteFile } from "../support/sqlite.ts";
 import { readConfig, report, timed } from "./child.ts";
 import { BatchSizes, type PoolPlans, preparedStatementPlans } from "../support/batch_sizes.ts";
+import { DispatchTimeline } from "../support/timeline.ts";
 
 /** Configuration of a dispatcher scenario. */
 export interface OutboxDispatchConfig {
@@ -62,6 +64,8 @@ export interface OutboxDispatchConfig {
   maxInFlight?: number;
   /** Postgres: the relay's pool size (postgres.js `max`). @default {1} */
   postgresConnections?: number;
+  /** Record claim/mark latencies and window use (../support/timeline.ts). */
+  timeline?: boolean;
   /** Sample RSS every 50 ms while dispatching. */
   sampleRss?: boolean;
 }
@@ -159,6 +163,13 @@ if (import.meta.main) {
   let dispatched = 0;
   const sizes = new BatchSizes();
   outbox = sizes.counting(outbox);
+  const timeline = config.timeline
+    ? new DispatchTimeline(config.maxInFlight ?? defaultMaxInFlight)
+    : undefined;
+  if (timeline) {
+    outbox = timeline.repository(outbox);
+    runtime = timeline.runtime(runtime);
+  }
   const { seconds, cpuSeconds, mainThreadCpuSeconds } = await timed(async () => {
     const dispatcher = new OutboxDispatcher(outbox, runtime, {
       ...hooks,
@@ -192,6 +203,7 @@ if (import.meta.main) {
     spansExported: exported?.spans,
     claimSizes: sizes.claims.summary(),
     markSizes: sizes.marks.summary(),
+    timeline: timeline?.summary(),
     plans,
   });
 }
