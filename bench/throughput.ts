@@ -120,19 +120,24 @@ const only = args.only ? new Set(args.only.split(",")) : undefined;
 /**
  * `--baseline=DIR`: a checkout of another version of the library (`git archive <rev> | tar -x -C
  * DIR`); every selected dispatcher scenario also runs with DIR's scenario script (so DIR's
- * library), right after the current one in each round, on a store prepared the same way: a SQL
+ * library), next to the current one in each round (which runs first alternates from round to
+ * round), on a store prepared the same way: a SQL
  * store at the schema version DIR's `migrate()` brings it to (see `schemaVersionOf`), so each
  * side runs on the tables its own deployment would have.
  */
 const baseline = args.baseline === undefined ? undefined : Deno.realPathSync(args.baseline);
 /**
  * `--twin-limit=N`: every selected dispatcher scenario (those `--baseline` twins) also runs with
- * the dispatcher's `limit` set to N (id `<id>@L<N>`), right after it in each round, so two claim
- * sizes with the same in-flight window are compared in one run.
+ * the dispatcher's `limit` set to N (id `<id>@L<N>`), next to it in each round (which of them runs
+ * first alternates, as with `--baseline`), so two claim sizes with the same in-flight window are
+ * compared in one run.
  */
 const twinLimit = args["twin-limit"] === undefined ? undefined : Number(args["twin-limit"]);
 if (twinLimit !== undefined && !(Number.isInteger(twinLimit) && twinLimit > 0)) {
-  throw new Error(`--twin-limit must be a positive integer, got ${args["twin-limit"]}`);
+  console.error(
+    `--twin-limit must be a positive integer, got ${JSON.stringify(args["twin-limit"])}`,
+  );
+  Deno.exit(2);
 }
 const schemaVersions = new Map<string, Promise<number>>();
 /**
@@ -959,22 +964,29 @@ async function main(): Promise<void> {
       }
     }
 
-    const selected = scenarios.filter((s) => wanted(s.id)).flatMap((s) =>
-      baseline !== undefined && baselineIds.has(s.id)
-        ? [s, { ...s, id: `${s.id}@base`, label: `${s.label} [baseline]`, root: baseline }]
-        : [s]
-    ).flatMap((s) =>
-      twinLimit !== undefined && baselineIds.has(s.id.replace(/@base$/, ""))
-        ? [s, {
-          ...s,
-          id: `${s.id}@L${twinLimit}`,
-          label: `${s.label} [limit ${twinLimit}]`,
-          limit: twinLimit,
-        }]
-        : [s]
-    );
+    // Each wanted scenario with its twins (`--baseline`, `--twin-limit`), run one after the other;
+    // the order within a group alternates from round to round, so no side always runs first.
+    const groups = scenarios.filter((s) => wanted(s.id)).map((s) => {
+      const group: Scenario[] = [s];
+      if (baseline !== undefined && baselineIds.has(s.id)) {
+        group.push({ ...s, id: `${s.id}@base`, label: `${s.label} [baseline]`, root: baseline });
+      }
+      if (twinLimit !== undefined && baselineIds.has(s.id)) {
+        for (const side of [...group]) {
+          group.push({
+            ...side,
+            id: `${side.id}@L${twinLimit}`,
+            label: `${side.label} [limit ${twinLimit}]`,
+            limit: twinLimit,
+          });
+        }
+      }
+      return group;
+    });
+    const selected = groups.flat();
     for (let round = 1; round <= rounds && selected.length > 0; round++) {
-      for (const scenario of selected) {
+      const order = groups.flatMap((group) => round % 2 === 1 ? group : [...group].reverse());
+      for (const scenario of order) {
         const result = await run(scenario);
         console.error(
           `round ${round}/${rounds}: ${scenario.label}: ${fmt(rate(result))} msg/s, ${

@@ -5,8 +5,11 @@
  * often nearly empty means the relay waits for its store; a full one that it waits for the broker
  * or for CPU.
  *
- * The wrappers add a `performance.now()` and a closure per call: a few percent of CPU, so compare
- * scenarios that all ran with `--timeline`, never with runs without it.
+ * A delivery counts as in flight from the call to `publishPreparedEvent` until its promise settles,
+ * so one the dispatcher abandoned at its deadline still counts until the runtime gives it up (the
+ * mean can then exceed the window); job submissions are not counted. Quantiles are the lower
+ * nearest rank. The wrappers add a `performance.now()` and a closure per call: a few percent of CPU,
+ * so compare scenarios that all ran with `--timeline`, never with runs without it.
  *
  * @module
  */
