@@ -135,7 +135,8 @@ function hotClaimSql(c: Ctx): string {
 }
 async function hotClaim(c: Ctx, batch: number): Promise<Claimed[]> {
   const [now, lease] = leaseTimes();
-  return toClaimed(await executor.query(hotClaimSql(c), [now, lease, batch, token()]));
+  const written = token();
+  return toClaimed(await executor.query(hotClaimSql(c), [now, lease, batch, written]), written);
 }
 async function hotMark(c: Ctx, claimed: Claimed[]): Promise<number> {
   if (claimed.length === 0) return 0;
