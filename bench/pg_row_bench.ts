@@ -112,10 +112,14 @@ const fenced = (claimed: Claimed[]): string => {
 };
 
 // The library's statements run directly.
-async function baseClaim(c: Ctx, batch: number): Promise<Claimed[]> {
+/** Runs a claim text with the library's parameters ($1 now, $2 lease, $3 limit, $4 the token). */
+async function runClaim(text: string, batch: number): Promise<Claimed[]> {
   const [now, lease] = leaseTimes();
   const written = token();
-  return toClaimed(await executor.query(c.s.claim, [now, lease, batch, written]), written);
+  return toClaimed(await executor.query(text, [now, lease, batch, written]), written);
+}
+function baseClaim(c: Ctx, batch: number): Promise<Claimed[]> {
+  return runClaim(c.s.claim, batch);
 }
 async function baseMark(c: Ctx, claimed: Claimed[]): Promise<number> {
   if (claimed.length === 0) return 0;
@@ -133,10 +137,8 @@ function hotClaimSql(c: Ctx): string {
   const o = c.o;
   return `UPDATE ${o} AS t SET attempts = t.attempts + 1, lease_until = $2::timestamptz, claim_token = $4 WHERE t.id = ANY(ARRAY(WITH p AS (SELECT id, seq FROM ${o} WHERE state = 'pending' AND key_head AND (lease_until IS NULL OR lease_until <= $1::timestamptz) ORDER BY seq LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED), r AS (SELECT id, seq FROM ${o} WHERE state IN ('claimed', 'failed') AND next_attempt_at <= $1::timestamptz ORDER BY next_attempt_at LIMIT $3::int FOR NO KEY UPDATE SKIP LOCKED) SELECT c.id FROM (SELECT id, seq FROM p UNION ALL SELECT id, seq FROM r) AS c ORDER BY c.seq LIMIT $3::int))${c.returning}`;
 }
-async function hotClaim(c: Ctx, batch: number): Promise<Claimed[]> {
-  const [now, lease] = leaseTimes();
-  const written = token();
-  return toClaimed(await executor.query(hotClaimSql(c), [now, lease, batch, written]), written);
+function hotClaim(c: Ctx, batch: number): Promise<Claimed[]> {
+  return runClaim(hotClaimSql(c), batch);
 }
 async function hotMark(c: Ctx, claimed: Claimed[]): Promise<number> {
   if (claimed.length === 0) return 0;
