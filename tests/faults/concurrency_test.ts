@@ -76,10 +76,10 @@ async function enqueuePlan(
   return { committed, rolledBack };
 }
 
-/** Starts dispatcher children that wait for SIGUSR1 (see `startOnSignal`). */
+/** Starts dispatcher children that wait for SIGUSR2 (see `startOnSignal`). */
 function startAll(...children: Child[]): () => void {
   return () => {
-    for (const child of children) child.kill("SIGUSR1");
+    for (const child of children) child.kill("SIGUSR2");
   };
 }
 

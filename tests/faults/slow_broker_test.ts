@@ -76,7 +76,7 @@ Deno.test("slow broker: publishes outlive their lease on a frozen server (SIGSTO
   try {
     const pausedA = await a.waitForEvent("paused");
     // A gave up on its in-flight publishes; the messages are due again. B claims them.
-    b.kill("SIGUSR1");
+    b.kill("SIGUSR2");
     const pausedB = await b.waitForEvent("paused");
     // Observable in the table: messages whose first publish is still inside the frozen server
     // were claimed a second time.

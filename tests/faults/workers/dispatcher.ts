@@ -189,7 +189,9 @@ Deno.addSignalListener("SIGTERM", async () => {
 });
 
 if (config.startOnSignal) {
-  Deno.addSignalListener("SIGUSR1", () => {
+  // Not SIGUSR1: like Node, Deno opens its inspector (a debugger on 127.0.0.1:9229) on SIGUSR1,
+  // listener or not.
+  Deno.addSignalListener("SIGUSR2", () => {
     if (dispatchers.length === 0 && !stopping) start();
   });
 } else {

@@ -34,7 +34,7 @@ export interface DispatcherConfig {
   hangAfterPublishes?: number;
   /** Report `rss` this often. */
   rssEveryMs?: number;
-  /** Connect, report `ready`, and only start dispatching on SIGUSR1. */
+  /** Connect, report `ready`, and only start dispatching on SIGUSR2. */
   startOnSignal?: boolean;
   /** Postgres `application_name` of the pool's connections. */
   applicationName?: string;
